@@ -1,0 +1,146 @@
+"""The planner's ingestion state: idempotency keys, scopes, prefix statistics, the catalog, replicas.
+
+Revision ID: 0001
+Revises:
+Create Date: 2026-11-29
+
+Design notes (docs/architecture.md has the whole picture):
+- `ingested_events` is the idempotency ledger: one row per event id ever counted, kept for a retention
+  window. Event ids are UUIDv7 from the emitter, so the primary key grows at its right edge.
+- `scopes` names (tenant, model, prompt revision) once; every hot table refers to it by a 4-byte id.
+- `prefix_stats` counts requests per leaf prefix (a request's deepest chain element) and time bucket;
+  `prefix_nodes` holds the chain edges, so a prefix's popularity is the sum over its subtree.
+"""
+
+from __future__ import annotations
+
+from alembic import op
+
+revision = "0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    _execute_each(
+        """
+        CREATE TABLE ingested_events (
+            event_id    uuid PRIMARY KEY,
+            ingested_at timestamptz NOT NULL DEFAULT now()
+        );
+        CREATE INDEX ingested_events_at ON ingested_events USING brin (ingested_at);
+
+        CREATE TABLE scopes (
+            scope_id   integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            tenant     text NOT NULL,
+            model      text NOT NULL,
+            prompt_rev text NOT NULL,
+            created_at timestamptz NOT NULL DEFAULT now(),
+            UNIQUE (tenant, model, prompt_rev)
+        );
+
+        CREATE TABLE prefix_stats (
+            scope_id      integer NOT NULL REFERENCES scopes,
+            prefix_id     bigint  NOT NULL,
+            bucket        integer NOT NULL,
+            requests      bigint  NOT NULL DEFAULT 0,
+            cold_requests bigint  NOT NULL DEFAULT 0,
+            prompt_tokens bigint  NOT NULL DEFAULT 0,
+            cached_tokens bigint  NOT NULL DEFAULT 0,
+            ttft_ms_sum   double precision NOT NULL DEFAULT 0,
+            ttft_count    bigint  NOT NULL DEFAULT 0,
+            PRIMARY KEY (scope_id, prefix_id, bucket)
+        );
+        COMMENT ON COLUMN prefix_stats.bucket IS 'occurred_at in Unix seconds divided by the bucket width';
+
+        CREATE TABLE miss_stats (
+            scope_id      integer NOT NULL REFERENCES scopes,
+            prefix_id     bigint  NOT NULL,
+            bucket        integer NOT NULL,
+            misses        bigint  NOT NULL DEFAULT 0,
+            missed_tokens bigint  NOT NULL DEFAULT 0,
+            PRIMARY KEY (scope_id, prefix_id, bucket)
+        );
+        COMMENT ON COLUMN miss_stats.prefix_id IS 'the first chain element that was not resident';
+
+        CREATE TABLE prefix_nodes (
+            scope_id   integer NOT NULL REFERENCES scopes,
+            prefix_id  bigint  NOT NULL,
+            parent_id  bigint,
+            depth      integer NOT NULL,
+            tokens     integer NOT NULL,
+            first_seen timestamptz NOT NULL,
+            PRIMARY KEY (scope_id, prefix_id)
+        );
+
+        CREATE TABLE prefix_catalog (
+            scope_id      integer NOT NULL REFERENCES scopes,
+            prefix_id     bigint  NOT NULL,
+            payload       jsonb   NOT NULL,
+            payload_bytes integer NOT NULL,
+            tokens        integer NOT NULL,
+            first_seen    timestamptz NOT NULL,
+            last_seen     timestamptz NOT NULL,
+            PRIMARY KEY (scope_id, prefix_id)
+        );
+        CREATE INDEX prefix_catalog_last_seen ON prefix_catalog (last_seen);
+
+        CREATE TABLE replicas (
+            replica_id         text PRIMARY KEY,
+            node               text NOT NULL,
+            model              text NOT NULL,
+            model_revision     text NOT NULL,
+            endpoint           text NOT NULL,
+            state              text NOT NULL CHECK (state IN
+                                 ('starting','loading','warming','ready','draining','gone','failed')),
+            state_since        timestamptz NOT NULL,
+            kv_capacity_tokens bigint,
+            reason             text NOT NULL DEFAULT '',
+            last_event_id      uuid NOT NULL
+        );
+
+        CREATE TABLE replica_transitions (
+            event_id    uuid PRIMARY KEY,
+            replica_id  text NOT NULL,
+            state       text NOT NULL,
+            occurred_at timestamptz NOT NULL,
+            reason      text NOT NULL DEFAULT ''
+        );
+        CREATE INDEX replica_transitions_by_replica ON replica_transitions (replica_id, occurred_at);
+
+        CREATE TABLE fleet_changes (
+            event_id    uuid PRIMARY KEY,
+            type        text NOT NULL,
+            tenant      text NOT NULL,
+            model       text NOT NULL,
+            revision    text NOT NULL,
+            occurred_at timestamptz NOT NULL,
+            body        jsonb NOT NULL
+        );
+        CREATE INDEX fleet_changes_by_model ON fleet_changes (model, occurred_at);
+        """
+    )
+
+
+def downgrade() -> None:
+    _execute_each(
+        """
+        DROP TABLE fleet_changes;
+        DROP TABLE replica_transitions;
+        DROP TABLE replicas;
+        DROP TABLE prefix_catalog;
+        DROP TABLE prefix_nodes;
+        DROP TABLE miss_stats;
+        DROP TABLE prefix_stats;
+        DROP TABLE scopes;
+        DROP TABLE ingested_events;
+        """
+    )
+
+
+def _execute_each(script: str) -> None:
+    """Run each statement alone: asyncpg prepares statements, and a prepared one holds one command."""
+    for statement in script.split(";\n"):
+        if statement.strip():
+            op.execute(statement)

@@ -1,0 +1,20 @@
+"""`python -m warmplane.services.planner`: run the planner from `WARMPLANE_*` settings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from warmplane.services.planner.app import build_planner
+from warmplane.services.planner.settings import PlannerSettings
+from warmplane.shared.settings import load_settings
+
+
+def main() -> None:
+    settings = load_settings(PlannerSettings)
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(build_planner(settings).app.run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Wiring the planner: a faststream batch subscriber over the traffic and lifecycle topics.
+
+`build_planner` makes the app from settings; its lifespan owns every resource (the Postgres pool,
+the dead-letter producer, the writer task, the metrics endpoint, the retention sweep) and releases
+them in reverse order. Nothing is created at import time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from faststream import AckPolicy, FastStream
+from faststream.kafka import KafkaBroker
+from faststream.kafka.annotations import KafkaMessage
+from prometheus_client import CollectorRegistry, start_http_server
+
+from warmplane.services.planner.dead_letters import KafkaDeadLetterSink
+from warmplane.services.planner.ingestor import Ingestor, Offsets
+from warmplane.services.planner.metrics import PlannerMetrics
+from warmplane.services.planner.core.node_cache import NodeCache
+from warmplane.services.planner.pg_store import PgIngestStore
+from warmplane.services.planner.settings import PlannerSettings
+from warmplane.shared.codec import EventCodec
+from warmplane.shared.kafka_admin import ensure_topics
+from warmplane.shared.schema_check import require_schema_at_head
+from warmplane.shared.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Planner:
+    """The planner's app (run it with `await planner.app.run()`, stop it with `app.exit()`) and its
+    metrics, which tests and benchmarks read in-process."""
+
+    app: FastStream
+    metrics: PlannerMetrics
+
+
+def build_planner(settings: PlannerSettings) -> Planner:
+    """The planner, wired from `settings`; nothing starts until its app runs."""
+    kafka = settings.kafka
+    topics = Topics(kafka.topic_prefix)
+    broker = KafkaBroker(
+        kafka.bootstrap_servers,
+        client_id=f"{kafka.client_id}-planner",
+        request_timeout_ms=kafka.request_timeout_ms,
+        log_level=logging.DEBUG,  # one access-log line per batch is noise at INFO
+    )
+    registry = CollectorRegistry()
+    metrics = PlannerMetrics(registry)
+    holder: dict[str, Ingestor] = {}
+
+    @broker.subscriber(
+        topics.requests,
+        topics.misses,
+        topics.lifecycle,
+        batch=True,
+        group_id=settings.ingest.group_id,
+        auto_offset_reset="earliest",
+        ack_policy=AckPolicy.MANUAL,
+        max_records=settings.ingest.batch_max_records,
+        batch_timeout_ms=settings.ingest.batch_timeout_ms,
+        max_partition_fetch_bytes=settings.ingest.max_partition_fetch_bytes,
+        session_timeout_ms=kafka.session_timeout_ms,
+        heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+    )
+    async def on_batch(msg: KafkaMessage) -> None:
+        records = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
+        consumer: AIOKafkaConsumer = msg.consumer
+        await holder["ingestor"].submit(records, _committer(consumer, kafka.commit_timeout_s))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(context: Any = None) -> AsyncIterator[None]:
+        async with _resources(settings, topics, metrics) as ingestor:
+            holder["ingestor"] = ingestor
+            yield
+            # faststream stops consuming before the lifespan exits: drain while offsets can commit.
+            await ingestor.drain()
+
+    return Planner(FastStream(broker, lifespan=lifespan), metrics)
+
+
+@contextlib.asynccontextmanager
+async def _resources(
+    settings: PlannerSettings, topics: Topics, metrics: PlannerMetrics
+) -> AsyncIterator[Ingestor]:
+    kafka = settings.kafka
+    await ensure_topics(kafka, topics.all())
+    async with contextlib.AsyncExitStack() as stack:
+        pool = await asyncpg.create_pool(
+            settings.postgres.asyncpg_dsn(),
+            min_size=1,
+            max_size=settings.postgres.pool_size,
+            timeout=settings.postgres.connect_timeout_s,
+            command_timeout=settings.postgres.statement_timeout_ms / 1000,
+        )
+        stack.push_async_callback(pool.close)
+        await require_schema_at_head(pool)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=kafka.bootstrap_servers,
+            client_id=f"{kafka.client_id}-planner-dlq",
+            acks="all",
+            request_timeout_ms=kafka.request_timeout_ms,
+        )
+        await producer.start()
+        stack.push_async_callback(producer.stop)
+        if settings.metrics_port:
+            server, _thread = start_http_server(settings.metrics_port, registry=metrics.registry)
+            stack.callback(server.shutdown)
+        store = PgIngestStore(pool)
+        ingest = settings.ingest
+        ingestor = Ingestor(
+            codec=EventCodec(kafka.max_event_bytes),
+            writer=store,
+            dead_letters=KafkaDeadLetterSink(
+                producer, topics.dead_letter, ingest.group_id, kafka.commit_timeout_s
+            ),
+            metrics=metrics,
+            bucket_seconds=ingest.bucket_seconds,
+            node_cache=NodeCache(ingest.node_cache_size),
+            max_payload_bytes=ingest.catalog_max_payload_bytes,
+            queue_depth=ingest.writer_queue_depth,
+        )
+        ingestor.start()
+        sweeper = asyncio.create_task(_sweep_forever(store, settings), name="planner-retention")
+        stack.push_async_callback(_cancel, sweeper)
+        yield ingestor
+
+
+def _committer(consumer: AIOKafkaConsumer, timeout_s: float) -> Any:
+    async def commit(offsets: Offsets) -> None:
+        assigned = consumer.assignment()
+        mine = {
+            tp: offset
+            for (topic, partition), offset in offsets.items()
+            if (tp := TopicPartition(topic, partition)) in assigned
+        }
+        if mine:
+            # Bounded: a consumer facing a broker that lost its topics would otherwise retry forever.
+            await asyncio.wait_for(consumer.commit(mine), timeout_s)
+
+    return commit
+
+
+async def _sweep_forever(store: PgIngestStore, settings: PlannerSettings) -> None:
+    ingest = settings.ingest
+    while True:
+        await asyncio.sleep(ingest.sweep_interval_s)
+        now = datetime.now(UTC)
+        try:
+            ledger, catalog = await store.sweep(
+                ledger_before=now - timedelta(hours=ingest.ledger_retention_hours),
+                catalog_before=now - timedelta(hours=ingest.catalog_retention_hours),
+            )
+            log.info("retention sweep removed %d ledger rows and %d catalog payloads", ledger, catalog)
+        except (OSError, asyncpg.PostgresError):
+            log.warning("retention sweep failed; retrying next interval", exc_info=True)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

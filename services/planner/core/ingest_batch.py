@@ -1,0 +1,164 @@
+"""Folding a batch of decoded events into the deltas one database transaction applies. Pure: no I/O.
+
+A batch becomes: the event ids to claim (the idempotency ledger), counter deltas per (scope, prefix,
+time bucket), chain edges not yet known to be stored, catalog payloads, replica transitions and fleet
+changes. Counters are summed here so the database sees one row per key per batch, not one per event.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Container, Iterable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from warmplane.shared.events import (
+    DeployFinished,
+    DeployStarted,
+    EpochBumped,
+    Event,
+    FleetScaled,
+    PrefixMissed,
+    PrefixPayload,
+    ReplicaEvent,
+    RequestObserved,
+)
+
+Scope = tuple[str, str, str]
+"""(tenant, model name, prompt revision): what prefix ids are namespaced by."""
+NodeKey = tuple[Scope, int]
+FLEET_TYPES = (DeployStarted, DeployFinished, FleetScaled, EpochBumped)
+
+
+@dataclass(slots=True)
+class RequestCounts:
+    requests: int = 0
+    cold_requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    ttft_ms_sum: float = 0.0
+    ttft_count: int = 0
+
+
+@dataclass(slots=True)
+class MissCounts:
+    misses: int = 0
+    missed_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChainEdge:
+    """A prefix and its parent (None at the root), its depth and its cumulative token count."""
+
+    parent_id: int | None
+    depth: int
+    tokens: int
+    first_seen: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogEntry:
+    payload: PrefixPayload
+    tokens: int
+    seen_at: datetime
+
+
+@dataclass(slots=True)
+class IngestBatch:
+    """Everything one batch changes. `event_ids` are claimed first; only new events are folded."""
+
+    request_counts: dict[tuple[Scope, int, int], RequestCounts] = field(default_factory=dict)
+    miss_counts: dict[tuple[Scope, int, int], MissCounts] = field(default_factory=dict)
+    edges: dict[NodeKey, ChainEdge] = field(default_factory=dict)
+    catalog: dict[NodeKey, CatalogEntry] = field(default_factory=dict)
+    replica_events: list[ReplicaEvent] = field(default_factory=list)
+    fleet_changes: list[Event] = field(default_factory=list)
+    ignored: int = 0
+
+    def scopes(self) -> set[Scope]:
+        keys: Iterable[tuple[Scope, int]] = self.edges.keys()
+        found = {key[0] for key in keys}
+        found.update(key[0] for key in self.request_counts)
+        found.update(key[0] for key in self.miss_counts)
+        found.update(key[0] for key in self.catalog)
+        return found
+
+
+def fold_events(
+    events: Iterable[Event], *, bucket_seconds: int, stored_nodes: Container[NodeKey]
+) -> IngestBatch:
+    """Fold `events` into one batch of deltas.
+
+    `bucket_seconds` is the width of a statistics bucket; `stored_nodes` holds chain nodes already known
+    to be in the database, whose edges need not be written again (a cache; being wrong costs a no-op
+    write, never a wrong count). Events the planner does not ingest (plans, warm results) are counted
+    in `ignored`.
+    """
+    batch = IngestBatch()
+    for event in events:
+        if isinstance(event, RequestObserved):
+            _fold_request(batch, event, bucket_seconds, stored_nodes)
+        elif isinstance(event, PrefixMissed):
+            _fold_miss(batch, event, bucket_seconds)
+        elif isinstance(event, ReplicaEvent):
+            batch.replica_events.append(event)
+        elif isinstance(event, FLEET_TYPES):
+            batch.fleet_changes.append(event)
+        else:
+            batch.ignored += 1
+    return batch
+
+
+def _fold_request(
+    batch: IngestBatch, event: RequestObserved, bucket_seconds: int, stored: Container[NodeKey]
+) -> None:
+    scope = (event.tenant, event.model.name, event.prompt_rev)
+    chain = event.chain
+    key = (scope, chain[-1], int(event.occurred_at.timestamp()) // bucket_seconds)
+    counts = batch.request_counts.get(key)
+    if counts is None:
+        counts = batch.request_counts[key] = RequestCounts()
+    counts.requests += 1
+    counts.prompt_tokens += event.prompt_tokens
+    counts.cached_tokens += event.cached_tokens
+    if event.cached_tokens == 0:
+        counts.cold_requests += 1
+    if event.ttft_ms is not None:
+        counts.ttft_ms_sum += event.ttft_ms
+        counts.ttft_count += 1
+    # Walk from the leaf up: once a node is known to be stored, so are its ancestors.
+    edges = batch.edges
+    tokens = event.chain_tokens
+    for depth in range(len(chain) - 1, -1, -1):
+        node = (scope, chain[depth])
+        if node in stored or node in edges:
+            break
+        edges[node] = ChainEdge(chain[depth - 1] if depth else None, depth, tokens[depth], event.occurred_at)
+    payload = event.payload
+    if payload is not None:
+        # The contract guarantees the payload's prefix is on the chain.
+        at = chain.index(payload.prefix_id)
+        batch.catalog[(scope, payload.prefix_id)] = CatalogEntry(payload, tokens[at], event.occurred_at)
+
+
+def _fold_miss(batch: IngestBatch, event: PrefixMissed, bucket_seconds: int) -> None:
+    scope = (event.tenant, event.model.name, event.prompt_rev)
+    depth = min(event.resident_depth, len(event.chain) - 1)
+    key = (scope, event.chain[depth], int(event.occurred_at.timestamp()) // bucket_seconds)
+    counts = batch.miss_counts.get(key)
+    if counts is None:
+        counts = batch.miss_counts[key] = MissCounts()
+    counts.misses += 1
+    counts.missed_tokens += max(0, event.chain_tokens[-1] - event.cached_tokens)
+
+
+def new_only(events: Iterable[Event], new_ids: AbstractSet[uuid.UUID]) -> list[Event]:
+    """The first event of each id in `new_ids`: the rest are redeliveries or duplicates."""
+    pending = set(new_ids)
+    kept = []
+    for event in events:
+        if event.event_id in pending:
+            pending.discard(event.event_id)
+            kept.append(event)
+    return kept

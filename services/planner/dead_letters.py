@@ -1,0 +1,39 @@
+"""The dead-letter topic: the original bytes, untouched, with the reason and source in headers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from aiokafka import AIOKafkaProducer
+
+from warmplane.services.planner.ingestor import DeadLetter
+from warmplane.shared.topics import DeadLetterHeaders
+
+
+class KafkaDeadLetterSink:
+    """Publishes dead letters through a started producer that the caller owns (acks='all')."""
+
+    def __init__(self, producer: AIOKafkaProducer, topic: str, consumer_name: str, timeout_s: float) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._consumer = consumer_name.encode()
+        self._timeout_s = timeout_s
+
+    async def send_all(self, letters: Sequence[DeadLetter]) -> None:
+        """Publish every letter; return once the broker acknowledged all, or raise after the timeout."""
+        pending = [
+            await self._producer.send(
+                self._topic,
+                value=letter.record.value,
+                headers=[
+                    (DeadLetterHeaders.REASON, letter.reason.encode()),
+                    (DeadLetterHeaders.SOURCE_TOPIC, letter.record.topic.encode()),
+                    (DeadLetterHeaders.SOURCE_PARTITION, str(letter.record.partition).encode()),
+                    (DeadLetterHeaders.SOURCE_OFFSET, str(letter.record.offset).encode()),
+                    (DeadLetterHeaders.CONSUMER, self._consumer),
+                ],
+            )
+            for letter in letters
+        ]
+        await asyncio.wait_for(asyncio.gather(*pending), self._timeout_s)

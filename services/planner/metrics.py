@@ -1,0 +1,38 @@
+"""The planner's Prometheus metrics (`warmplane_planner_*`), registered on a registry the app owns."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+
+class PlannerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.events = Counter(
+            "warmplane_planner_events_ingested",
+            "Events counted into Postgres, by type",
+            ["type"],
+            registry=registry,
+        )
+        self.duplicates = Counter(
+            "warmplane_planner_duplicate_events",
+            "Events skipped because their id was already counted",
+            registry=registry,
+        )
+        self.dead_lettered = Counter(
+            "warmplane_planner_dead_lettered",
+            "Messages sent to the dead-letter topic, by reason class",
+            ["reason"],
+            registry=registry,
+        )
+        self.commit_failures = Counter(
+            "warmplane_planner_offset_commit_failures",
+            "Broker offset commits that failed (batch replays)",
+            registry=registry,
+        )
+        self.batch_seconds = Histogram(
+            "warmplane_planner_batch_write_seconds",
+            "Time to write one batch to Postgres",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=registry,
+        )

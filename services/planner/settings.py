@@ -1,0 +1,34 @@
+"""The planner's settings: `WARMPLANE_INGEST__*` on top of the shared parts."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+
+from warmplane.shared.settings import WarmplaneSettings
+
+Positive = Annotated[int, Field(gt=0)]
+Hours = Annotated[float, Field(gt=0)]
+
+
+class IngestSettings(BaseModel):
+    """How the planner consumes and folds events."""
+
+    group_id: str = Field("warmplane-planner", min_length=1)
+    batch_max_records: Positive = 5_000
+    batch_timeout_ms: Positive = 100
+    max_partition_fetch_bytes: Positive = 4 * 1024 * 1024
+    bucket_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
+    ledger_retention_hours: Hours = 48.0
+    catalog_retention_hours: Hours = 24.0 * 7
+    catalog_max_payload_bytes: Positive = 64 * 1024
+    sweep_interval_s: Annotated[float, Field(gt=0)] = 300.0
+    node_cache_size: Annotated[int, Field(ge=2)] = 1_000_000
+    writer_queue_depth: Positive = 2
+
+
+class PlannerSettings(WarmplaneSettings):
+    ingest: IngestSettings = IngestSettings()
+    metrics_port: Annotated[int, Field(ge=0, le=65_535)] = 9464
+    """Port of the Prometheus endpoint; 0 turns it off."""

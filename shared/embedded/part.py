@@ -1,0 +1,126 @@
+"""Common lifecycle for one embedded server process: start, readiness, stop, kill, context manager.
+
+Contracts:
+- ``start()`` returns only once the server answered a real request; on any failure it stops whatever it
+  started and re-raises, so no process outlives a failed start.
+- ``stop()`` and ``kill()`` are idempotent and leave no member of the child's process group behind.
+- The TCP port is chosen on the first ``start()`` and kept, so a restart after ``kill()`` (fault tests)
+  comes back at the same address and clients' connection strings stay valid.
+- No ``atexit`` hooks: the owner stops the part, typically with ``with Part(workdir) as part:``.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from types import TracebackType
+from typing import ClassVar, Self
+
+from .processes import free_port, kill_process_group, stop_process_group
+
+
+class EmbeddedPart(ABC):
+    """Base for the embedded servers; subclasses supply ``_spawn`` and ``_wait_ready``."""
+
+    #: Short name, used for the log file and in error messages.
+    name: ClassVar[str]
+    #: Signal asking the server for a clean shutdown, and whether it goes to the whole group.
+    stop_signal: ClassVar[signal.Signals] = signal.SIGTERM
+    stop_whole_group: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        start_timeout_s: float = 30.0,
+        stop_timeout_s: float = 10.0,
+    ) -> None:
+        self.workdir = Path(workdir).absolute()
+        self.host = host
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self._port = port
+        self._proc: subprocess.Popen[bytes] | None = None
+        #: Wall-clock seconds the last successful ``start()`` took, for start-up budgets.
+        self.last_start_s: float | None = None
+
+    @property
+    def port(self) -> int:
+        """TCP port the server listens on; fixed by the first ``start()`` unless given."""
+        if self._port is None:
+            raise RuntimeError(f"{self.name}: no port yet, call start() first")
+        return self._port
+
+    @property
+    def log_path(self) -> Path:
+        """File receiving the server's stdout and stderr (appended across restarts)."""
+        return self.workdir / f"{self.name}.log"
+
+    @property
+    def pid(self) -> int | None:
+        """Pid (and process-group id) of the running server, None when not running."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        """True while the server process started by this object is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        """Start the server and block until it serves requests, at most ``start_timeout_s``."""
+        if self._proc is not None:
+            raise RuntimeError(f"{self.name}: already started (pid {self._proc.pid})")
+        began = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self._port is None:
+            self._port = free_port(self.host)
+        deadline = began + self.start_timeout_s
+        try:
+            self._proc = self._spawn(deadline)
+            self._wait_ready(self._proc, deadline)
+        except BaseException:
+            self.kill()
+            raise
+        self.last_start_s = time.monotonic() - began
+
+    def stop(self) -> None:
+        """Shut the server down cleanly, SIGKILLing its group after ``stop_timeout_s``. Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            stop_process_group(
+                proc, self.stop_timeout_s, sig=self.stop_signal, whole_group=self.stop_whole_group
+            )
+
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group, simulating a crash. Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            kill_process_group(proc)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @abstractmethod
+    def _spawn(self, deadline: float) -> subprocess.Popen[bytes]:
+        """Prepare on-disk state if needed and launch the server process (not yet ready)."""
+
+    @abstractmethod
+    def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
+        """Block until the server answers a real request or raise ``StartupError`` at ``deadline``."""
+
+    def _remaining(self, deadline: float) -> float:
+        return max(0.0, deadline - time.monotonic())

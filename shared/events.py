@@ -1,0 +1,261 @@
+"""The versioned event contract: one envelope, every family of the design brief (section 4).
+
+Every event is a JSON object whose `type` names what happened, in the past tense, and whose
+`schema_version` says which shape of that type it is. Within a version, changes are additive only:
+new optional fields, never a removed or retyped one; readers ignore fields they do not know. A breaking
+change is a new version, and the golden payloads in `tests/golden/` keep decoding forever.
+
+Prefix ids are signed 64-bit integers (they fit Postgres `bigint`), produced by `prefix_chain`.
+Token counts are engine tokens where the producer knows them, estimates otherwise.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from msgspec import Meta, Struct
+
+SCHEMA_VERSION = 1
+"""The newest schema version this code writes and reads, for every event type."""
+
+Name = Annotated[str, Meta(min_length=1, max_length=128)]
+OptionalName = Annotated[str, Meta(max_length=128)]
+Tokens = Annotated[int, Meta(ge=0)]
+Epoch = Annotated[int, Meta(ge=0)]
+AwareTime = Annotated[datetime, Meta(tz=True)]
+PrefixId = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
+MAX_CHAIN_LENGTH = 4096
+
+
+class ModelRef(Struct, frozen=True, forbid_unknown_fields=False):
+    """A served model: its name as clients ask for it, and the weights revision being served."""
+
+    name: Name
+    revision: OptionalName = ""
+
+
+class Event(Struct, kw_only=True, frozen=True, tag_field="type"):
+    """The envelope every event shares. `event_id` is the idempotency key of every consumer."""
+
+    FAMILY: ClassVar[str] = ""
+
+    event_id: uuid.UUID
+    schema_version: Annotated[int, Meta(ge=1)] = SCHEMA_VERSION
+    occurred_at: AwareTime
+    producer: Name
+    tenant: OptionalName = ""
+    model: ModelRef
+    prompt_rev: OptionalName = ""
+    epoch: Epoch | None = None
+
+
+class PrefixPayload(Struct, frozen=True):
+    """A replayable prompt up to the deepest segment of a chain, for the prefix catalog.
+
+    Exactly one of `messages` (chat, OpenAI message objects) or `prompt` (completions: text or
+    token ids) is set. `prefix_id` is the chain element the payload renders up to.
+    """
+
+    prefix_id: PrefixId
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("a prefix payload carries exactly one of `messages` or `prompt`")
+
+
+class _TrafficEvent(Event, kw_only=True, frozen=True):
+    """A request or miss: always tenant-scoped, keyed by (tenant, model, root prefix)."""
+
+    tenant: Name
+    replica: Name
+    chain: Annotated[list[PrefixId], Meta(min_length=1, max_length=MAX_CHAIN_LENGTH)]
+    chain_tokens: Annotated[list[Tokens], Meta(min_length=1, max_length=MAX_CHAIN_LENGTH)]
+
+    def __post_init__(self) -> None:
+        if len(self.chain) != len(self.chain_tokens):
+            raise ValueError("`chain` and `chain_tokens` must have the same length")
+        previous = 0
+        for tokens in self.chain_tokens:
+            if tokens < previous:
+                raise ValueError("`chain_tokens` are cumulative and must not decrease")
+            previous = tokens
+
+
+class RequestObserved(_TrafficEvent, kw_only=True, frozen=True, tag="request.observed"):
+    """A serving node answered a request. `chain_tokens[i]` counts the tokens up to `chain[i]`."""
+
+    FAMILY = "request"
+
+    prompt_tokens: Tokens
+    cached_tokens: Tokens = 0
+    ttft_ms: Annotated[float, Meta(ge=0)] | None = None
+    route: OptionalName = ""
+    payload: PrefixPayload | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.cached_tokens > self.prompt_tokens:
+            raise ValueError("`cached_tokens` cannot exceed `prompt_tokens`")
+        if self.payload is not None and self.payload.prefix_id not in self.chain:
+            raise ValueError("`payload.prefix_id` must be an element of `chain`")
+
+
+class PrefixMissed(_TrafficEvent, kw_only=True, frozen=True, tag="prefix.missed"):
+    """A request whose leading prefix was not resident where it was served (the seed's "miss").
+
+    `chain` is the request's chain; `resident_depth` counts its leading elements that were cached.
+    """
+
+    FAMILY = "miss"
+
+    resident_depth: Tokens = 0
+    cached_tokens: Tokens = 0
+
+
+ReplicaState = Literal["starting", "loading", "warming", "ready", "draining", "gone", "failed"]
+
+
+class _ReplicaEvent(Event, kw_only=True, frozen=True):
+    """A replica's lifecycle, reported by the warmer that owns it; keyed by replica."""
+
+    FAMILY = "lifecycle"
+    STATE: ClassVar[ReplicaState] = "starting"
+
+    replica: Name
+    node: Name
+    endpoint: OptionalName = ""
+    kv_capacity_tokens: Tokens | None = None
+    reason: Annotated[str, Meta(max_length=2048)] = ""
+
+
+class ReplicaStarted(_ReplicaEvent, kw_only=True, frozen=True, tag="replica.started"):
+    STATE = "starting"
+
+
+class ReplicaWeightsLoaded(_ReplicaEvent, kw_only=True, frozen=True, tag="replica.weights_loaded"):
+    STATE = "loading"
+
+
+class ReplicaWarmingStarted(_ReplicaEvent, kw_only=True, frozen=True, tag="replica.warming_started"):
+    STATE = "warming"
+
+
+class ReplicaBecameReady(_ReplicaEvent, kw_only=True, frozen=True, tag="replica.became_ready"):
+    STATE = "ready"
+
+
+class ReplicaDrainingStarted(_ReplicaEvent, kw_only=True, frozen=True, tag="replica.draining_started"):
+    STATE = "draining"
+
+
+class ReplicaStopped(_ReplicaEvent, kw_only=True, frozen=True, tag="replica.stopped"):
+    STATE = "gone"
+
+
+class ReplicaCrashed(_ReplicaEvent, kw_only=True, frozen=True, tag="replica.crashed"):
+    STATE = "failed"
+
+
+class DeployStarted(Event, kw_only=True, frozen=True, tag="deploy.started"):
+    """A rollout of `model` (with its new weights revision) and prompt revisions began."""
+
+    FAMILY = "fleet"
+
+    prompt_revs: list[OptionalName] = []
+
+
+class DeployFinished(Event, kw_only=True, frozen=True, tag="deploy.finished"):
+    FAMILY = "fleet"
+
+    prompt_revs: list[OptionalName] = []
+
+
+class FleetScaled(Event, kw_only=True, frozen=True, tag="fleet.scaled"):
+    """The replica count of `model` changed from `from_replicas` to `to_replicas`."""
+
+    FAMILY = "fleet"
+
+    from_replicas: Tokens
+    to_replicas: Tokens
+
+
+class EpochBumped(Event, kw_only=True, frozen=True, tag="epoch.bumped"):
+    """The cache epoch of (tenant, model) moved to `epoch`; every key and salt of the old one is dead."""
+
+    FAMILY = "fleet"
+
+    epoch: Epoch
+    reason: Annotated[str, Meta(max_length=256)] = ""
+
+
+class WarmItem(Struct, frozen=True):
+    """One prefix to pre-fill: its id, its tokens, and the payload that renders it."""
+
+    prefix_id: PrefixId
+    tokens: Tokens
+    payload: PrefixPayload
+
+
+class WarmPlanIssued(Event, kw_only=True, frozen=True, tag="warm_plan.issued"):
+    """The planner asks the warmer of `node` to pre-fill `items` on `replica` before `deadline`."""
+
+    FAMILY = "plan"
+
+    plan_id: uuid.UUID
+    replica: Name
+    node: Name
+    epoch: Epoch
+    items: list[WarmItem]
+    budget_tokens: Tokens
+    deadline: AwareTime
+
+
+class WarmProgressed(Event, kw_only=True, frozen=True, tag="warm.progressed"):
+    FAMILY = "warm_result"
+
+    plan_id: uuid.UUID
+    replica: Name
+    items_done: Tokens
+    items_total: Tokens
+    tokens_prefilled: Tokens = 0
+
+
+class WarmFinished(Event, kw_only=True, frozen=True, tag="warm.finished"):
+    """The outcome of a plan: what was pre-filled, what a probe verified, what failed and why."""
+
+    FAMILY = "warm_result"
+
+    plan_id: uuid.UUID
+    replica: Name
+    items_done: Tokens
+    tokens_prefilled: Tokens
+    verified_hits: Tokens
+    failures: list[Annotated[str, Meta(max_length=2048)]] = []
+    partial: bool = False
+
+
+AnyEvent = (
+    RequestObserved
+    | PrefixMissed
+    | ReplicaStarted
+    | ReplicaWeightsLoaded
+    | ReplicaWarmingStarted
+    | ReplicaBecameReady
+    | ReplicaDrainingStarted
+    | ReplicaStopped
+    | ReplicaCrashed
+    | DeployStarted
+    | DeployFinished
+    | FleetScaled
+    | EpochBumped
+    | WarmPlanIssued
+    | WarmProgressed
+    | WarmFinished
+)
+ReplicaEvent = _ReplicaEvent
+EVENT_TYPES: dict[str, type[Event]] = {str(cls.__struct_config__.tag): cls for cls in AnyEvent.__args__}
+"""Every event class by its `type` tag."""

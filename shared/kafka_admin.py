@@ -1,0 +1,41 @@
+"""Creating the topics a service needs, with their partition counts, before it produces or consumes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from warmplane.shared.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+
+async def ensure_topics(settings: KafkaSettings, topics: Iterable[str], *, timeout_s: float = 30.0) -> None:
+    """Create those of `topics` that do not exist yet. Waits at most `timeout_s` for the broker."""
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.bootstrap_servers,
+        client_id=f"{settings.client_id}-admin",
+        request_timeout_ms=settings.request_timeout_ms,
+    )
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+        existing = set(await asyncio.wait_for(admin.list_topics(), timeout_s))
+        missing = [name for name in topics if name not in existing]
+        if not missing:
+            return
+        new = [NewTopic(name, settings.partitions, settings.replication_factor) for name in missing]
+        try:
+            await asyncio.wait_for(admin.create_topics(new), timeout_s)
+        except TopicAlreadyExistsError:
+            log.info("topics were created concurrently: %s", missing)
+        log.info("created topics %s with %d partitions", missing, settings.partitions)
+    except TimeoutError as exc:
+        raise TimeoutError(
+            f"the Kafka broker at {settings.bootstrap_servers} did not answer within {timeout_s} s"
+        ) from exc
+    finally:
+        await admin.close()

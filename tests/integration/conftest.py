@@ -1,0 +1,93 @@
+"""Integration harness: real Kafka (Tansu), PostgreSQL 18 and Redis, one of each per test session.
+
+Each fixture starts its part lazily, the first time a test asks for it, in a folder under the session's
+``tmp_path_factory``; the ``with`` block guarantees the part is stopped at session end even when tests
+fail. Tests that stop or kill a part must start their own instance instead of using these fixtures.
+Every test collected under this folder is marked ``integration``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from pydantic import SecretStr
+
+from warmplane.services.planner.settings import IngestSettings, PlannerSettings
+from warmplane.shared import migrate
+from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedRedis
+from warmplane.shared.settings import KafkaSettings, PostgresSettings
+
+_HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark tests in this folder ``integration``.
+
+    The hook receives the items of the whole session, not only this folder's, hence the path check.
+    """
+    for item in items:
+        if item.path.is_relative_to(_HERE):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def embedded_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
+    """A running in-memory Tansu broker shared by the session."""
+    with EmbeddedKafka(tmp_path_factory.mktemp("kafka")) as kafka:
+        yield kafka
+
+
+@pytest.fixture(scope="session")
+def embedded_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    """A running PostgreSQL 18 server with database ``warmplane``, shared by the session."""
+    with EmbeddedPostgres(tmp_path_factory.mktemp("postgres")) as postgres:
+        yield postgres
+
+
+@pytest.fixture(scope="session")
+def embedded_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """A running Redis server (no persistence) shared by the session."""
+    with EmbeddedRedis(tmp_path_factory.mktemp("redis")) as redis:
+        yield redis
+
+
+@pytest.fixture
+async def migrated_database(embedded_postgres: EmbeddedPostgres) -> AsyncIterator[str]:
+    """A fresh database, migrated to head, on the session's server; its asyncpg DSN. Dropped after."""
+    name = f"wp_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(embedded_postgres.asyncpg_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    dsn = embedded_postgres.asyncpg_dsn.rsplit("/", 1)[0] + f"/{name}"
+    await asyncio.to_thread(migrate.upgrade, "postgresql+asyncpg://" + dsn.split("://", 1)[1])
+    yield dsn
+    admin = await asyncpg.connect(embedded_postgres.asyncpg_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+def planner_settings(embedded_kafka: EmbeddedKafka, migrated_database: str) -> PlannerSettings:
+    """Settings for a planner of its own: fresh topics, group and database; short group sessions."""
+    run = uuid.uuid4().hex[:8]
+    return PlannerSettings(
+        kafka=KafkaSettings(
+            bootstrap_servers=embedded_kafka.bootstrap_servers,
+            topic_prefix=f"t{run}",
+            partitions=4,
+            session_timeout_ms=2_000,
+            heartbeat_interval_ms=500,
+        ),
+        postgres=PostgresSettings(url=SecretStr(migrated_database)),
+        ingest=IngestSettings(group_id=f"planner-{run}", batch_timeout_ms=50),
+        metrics_port=0,
+    )

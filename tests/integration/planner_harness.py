@@ -1,0 +1,128 @@
+"""Running a planner and feeding it events in integration tests: in-process or as a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+
+from warmplane.services.planner.app import Planner, build_planner
+from warmplane.services.planner.settings import PlannerSettings
+from warmplane.shared.codec import EventCodec
+from warmplane.shared.event_ids import new_event_id
+from warmplane.shared.events import Event, ModelRef, RequestObserved
+from warmplane.shared.kafka_admin import ensure_topics
+from warmplane.shared.settings import KafkaSettings
+from warmplane.shared.topics import Topics, partition_key
+
+MODEL = ModelRef("tiny-llama", "rev-1")
+
+
+def request(
+    chain: Sequence[int],
+    *,
+    tenant: str = "acme",
+    prompt_tokens: int | None = None,
+    cached_tokens: int = 0,
+    at: datetime | None = None,
+    **extra: object,
+) -> RequestObserved:
+    """A request-observed event over `chain`, 100 tokens a segment unless told otherwise."""
+    tokens = [100 * (i + 1) for i in range(len(chain))]
+    return RequestObserved(
+        event_id=new_event_id(),
+        occurred_at=at or datetime.now(UTC),
+        producer="test",
+        tenant=tenant,
+        model=MODEL,
+        replica="replica-0",
+        chain=list(chain),
+        chain_tokens=tokens,
+        prompt_tokens=prompt_tokens if prompt_tokens is not None else tokens[-1] + 1,
+        cached_tokens=cached_tokens,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+async def produce(kafka: KafkaSettings, items: Sequence[Event | tuple[str, bytes | None]]) -> None:
+    """Publish events (to their topic, with their key) and raw `(topic, bytes)` records, acks=all."""
+    topics = Topics(kafka.topic_prefix)
+    await ensure_topics(kafka, topics.all())
+    codec = EventCodec(kafka.max_event_bytes)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        pending = []
+        for item in items:
+            if isinstance(item, tuple):
+                pending.append(await producer.send(item[0], value=item[1]))
+            else:
+                pending.append(
+                    await producer.send(
+                        topics.for_event(item), value=codec.encode(item), key=partition_key(item)
+                    )
+                )
+        await asyncio.wait_for(asyncio.gather(*pending), 30)
+    finally:
+        await producer.stop()
+
+
+async def poll_until(check: Callable[[], Awaitable[bool]], *, timeout_s: float, what: str) -> None:
+    """Await `check()` until it is true; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def running_planner(settings: PlannerSettings) -> AsyncIterator[Planner]:
+    """An in-process planner, stopped gracefully (drained, offsets committed) on exit."""
+    planner = build_planner(settings)
+    task = asyncio.create_task(planner.app.run())
+    try:
+        yield planner
+    finally:
+        planner.app.exit()
+        await asyncio.wait_for(task, 30)
+
+
+def planner_environment(settings: PlannerSettings) -> dict[str, str]:
+    """`settings` as the `WARMPLANE_*` environment a planner process reads."""
+    kafka, ingest = settings.kafka, settings.ingest
+    env = {key: value for key, value in os.environ.items() if not key.startswith("WARMPLANE_")}
+    env.update(
+        {
+            "WARMPLANE_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+            "WARMPLANE_KAFKA__TOPIC_PREFIX": kafka.topic_prefix,
+            "WARMPLANE_KAFKA__SESSION_TIMEOUT_MS": str(kafka.session_timeout_ms),
+            "WARMPLANE_KAFKA__HEARTBEAT_INTERVAL_MS": str(kafka.heartbeat_interval_ms),
+            "WARMPLANE_POSTGRES__URL": settings.postgres.url.get_secret_value(),
+            "WARMPLANE_INGEST__GROUP_ID": ingest.group_id,
+            "WARMPLANE_INGEST__BATCH_MAX_RECORDS": str(ingest.batch_max_records),
+            "WARMPLANE_INGEST__BATCH_TIMEOUT_MS": str(ingest.batch_timeout_ms),
+            "WARMPLANE_METRICS_PORT": "0",
+        }
+    )
+    return env
+
+
+def start_planner_process(settings: PlannerSettings, log_path: Path) -> subprocess.Popen[bytes]:
+    """A real planner process (`python -m warmplane.services.planner`), logging to `log_path`."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "warmplane.services.planner"],
+            env=planner_environment(settings),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )

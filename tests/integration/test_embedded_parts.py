@@ -1,0 +1,184 @@
+"""The embedded parts are real servers: they accept real client traffic and stop without leftovers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from pathlib import Path
+
+import asyncpg  # no stubs; pyproject has no override yet
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from warmplane.shared.embedded import (
+    EmbeddedKafka,
+    EmbeddedPart,
+    EmbeddedPostgres,
+    EmbeddedRedis,
+    EmbeddedStack,
+    StartupError,
+)
+from warmplane.shared.embedded.processes import port_is_open
+
+_CLIENT_TIMEOUT_S = 10.0
+
+
+async def test_kafka_round_trips_a_message_on_a_two_partition_topic(embedded_kafka: EmbeddedKafka) -> None:
+    topic = f"embedded-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=embedded_kafka.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name=topic, num_partitions=2, replication_factor=1)])
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    assert len(described[0]["partitions"]) == 2
+
+    producer = AIOKafkaProducer(bootstrap_servers=embedded_kafka.bootstrap_servers)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"warm me up", key=b"replica-1")
+    finally:
+        await producer.stop()
+
+    # No group: a group join would wait session_timeout_ms / 2 on Tansu for nothing.
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=embedded_kafka.bootstrap_servers, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    try:
+        record = await asyncio.wait_for(consumer.getone(), timeout=_CLIENT_TIMEOUT_S)
+    finally:
+        await consumer.stop()
+    assert (record.key, record.value) == (b"replica-1", b"warm me up")
+
+
+async def test_postgres_is_version_18_with_pgvector(embedded_postgres: EmbeddedPostgres) -> None:
+    conn = await asyncpg.connect(embedded_postgres.asyncpg_dsn, timeout=_CLIENT_TIMEOUT_S)
+    try:
+        version = await conn.fetchval("select version()")
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        distance = await conn.fetchval("select '[1,2,3]'::vector <-> '[1,2,4]'::vector")
+        durability = await conn.fetch(
+            "select name, setting from pg_settings where name in ('fsync', 'synchronous_commit')"
+        )
+    finally:
+        await conn.close()
+    assert "PostgreSQL 18" in version
+    assert distance == pytest.approx(1.0)
+    assert {row["name"]: row["setting"] for row in durability} == {"fsync": "on", "synchronous_commit": "on"}
+
+
+async def test_postgres_sqlalchemy_url_reaches_the_application_database(
+    embedded_postgres: EmbeddedPostgres,
+) -> None:
+    engine = create_async_engine(embedded_postgres.sqlalchemy_url)
+    try:
+        async with engine.connect() as conn:
+            database = (await conn.execute(text("select current_database()"))).scalar_one()
+    finally:
+        await engine.dispose()
+    assert database == "warmplane"
+
+
+async def test_redis_set_get_round_trips(embedded_redis: EmbeddedRedis) -> None:
+    client = Redis.from_url(embedded_redis.url, socket_timeout=_CLIENT_TIMEOUT_S)
+    try:
+        await client.set("warmplane:probe", b"hot")
+        value = await client.get("warmplane:probe")
+    finally:
+        await client.aclose()
+    assert value == b"hot"
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("part_type", [EmbeddedKafka, EmbeddedPostgres, EmbeddedRedis])
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_stopping_ends_the_whole_process_group(
+    part_type: type[EmbeddedKafka | EmbeddedPostgres | EmbeddedRedis], how: str, tmp_path: Path
+) -> None:
+    part: EmbeddedPart = part_type(tmp_path)
+    part.start()
+    pid, port = part.pid, part.port
+    assert pid is not None and port_is_open(part.host, port)
+
+    part.stop() if how == "stop" else part.kill()
+
+    assert not part.running
+    assert not _group_exists(pid), f"process group {pid} still has members"
+    assert not port_is_open(part.host, port)
+    part.stop()  # a second stop (or a stop after kill) is a no-op
+    part.kill()
+
+
+def test_postgres_restarts_on_its_port_and_keeps_committed_data_after_kill(tmp_path: Path) -> None:
+    async def write(dsn: str) -> None:
+        conn = await asyncpg.connect(dsn, timeout=_CLIENT_TIMEOUT_S)
+        try:
+            await conn.execute(
+                "create table survivors (id int primary key); insert into survivors values (7)"
+            )
+        finally:
+            await conn.close()
+
+    async def read(dsn: str) -> int:
+        conn = await asyncpg.connect(dsn, timeout=_CLIENT_TIMEOUT_S)
+        try:
+            value: int = await conn.fetchval("select id from survivors")
+            return value
+        finally:
+            await conn.close()
+
+    with EmbeddedPostgres(tmp_path) as postgres:
+        dsn = postgres.dsn
+        asyncio.run(write(dsn))
+        postgres.kill()
+        postgres.start()
+        assert postgres.dsn == dsn
+        assert asyncio.run(read(dsn)) == 7
+
+
+def test_stack_starts_all_parts_and_stops_them_in_reverse(tmp_path: Path) -> None:
+    with EmbeddedStack(tmp_path) as stack:
+        parts: list[EmbeddedPart] = [stack.kafka, stack.postgres, stack.redis]
+        pids = [part.pid for part in parts]
+        assert all(part.running for part in parts)
+    assert not any(part.running for part in parts)
+    assert not any(_group_exists(pid) for pid in pids if pid is not None)
+
+
+def _processes_working_in(folder: Path) -> list[int]:
+    """Pids whose current directory lies under ``folder`` (every part runs with cwd in its workdir)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cwd = (entry / "cwd").readlink()
+            except OSError:
+                continue  # exited meanwhile, or not ours to inspect
+            if cwd.is_relative_to(folder):
+                pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/cwd").exists(), reason="needs Linux /proc")
+def test_stack_stops_started_parts_when_a_later_part_fails(tmp_path: Path) -> None:
+    stack = EmbeddedStack(tmp_path, postgres_settings={"no_such_setting": "1"})
+    with pytest.raises(StartupError, match="unrecognized configuration parameter"):
+        stack.start()
+    assert (tmp_path / "kafka" / "kafka.log").exists(), "kafka should have started before postgres failed"
+    assert _processes_working_in(tmp_path.resolve()) == []
+    with pytest.raises(RuntimeError, match="start"):
+        _ = stack.kafka

@@ -1,0 +1,113 @@
+"""Planner ingestion on the real broker and Postgres: exact counts, idempotency, registry, catalog."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import msgspec
+
+from tests.integration.planner_harness import MODEL, poll_until, produce, request, running_planner
+from warmplane.services.planner.settings import PlannerSettings
+from warmplane.shared.event_ids import new_event_id
+from warmplane.shared.events import (
+    DeployStarted,
+    Event,
+    PrefixMissed,
+    PrefixPayload,
+    ReplicaBecameReady,
+    ReplicaStarted,
+    ReplicaWarmingStarted,
+)
+
+
+async def test_counts_each_event_once_and_records_the_fleet(planner_settings: PlannerSettings) -> None:
+    now = datetime.now(UTC)
+    events: list[Event] = []
+    for i in range(300):
+        events.append(request([1, 10 + i % 7], tenant=("acme", "globex")[i % 2], cached_tokens=100 * (i % 3 == 0)))
+    duplicated = request([1, 99])
+    events += [duplicated, duplicated, duplicated]
+    payload = PrefixPayload(prefix_id=5, messages=[{"role": "system", "content": "You are terse."}])
+    events.append(request([5, 6], payload=payload))
+    events.append(
+        PrefixMissed(
+            event_id=new_event_id(), occurred_at=now, producer="test", tenant="acme", model=MODEL,
+            replica="replica-1", chain=[1, 11, 12], chain_tokens=[100, 200, 300], resident_depth=1,
+            cached_tokens=100,
+        )
+    )
+    lifecycle = dict(producer="warmer", model=MODEL, replica="replica-1", node="node-a")
+    # Out of order on purpose: the latest occurrence must win in the registry.
+    events += [
+        ReplicaBecameReady(event_id=new_event_id(), occurred_at=now + timedelta(seconds=3), **lifecycle),
+        ReplicaStarted(event_id=new_event_id(), occurred_at=now, endpoint="http://127.0.0.1:9", **lifecycle),
+        ReplicaWarmingStarted(event_id=new_event_id(), occurred_at=now + timedelta(seconds=2), **lifecycle),
+        DeployStarted(event_id=new_event_id(), occurred_at=now, producer="ci", model=MODEL, prompt_revs=["v2"]),
+    ]
+    await produce(planner_settings.kafka, events)
+    expected = Counter((e.tenant, e.chain[-1]) for e in {e.event_id: e for e in events if hasattr(e, "prompt_tokens")}.values())
+
+    db = await asyncpg.connect(planner_settings.postgres.asyncpg_dsn())
+    try:
+        async with running_planner(planner_settings) as planner:
+
+            async def all_counted() -> bool:
+                return await db.fetchval("SELECT count(*) FROM fleet_changes") == 1 and await db.fetchval(
+                    "SELECT coalesce(sum(requests), 0) FROM prefix_stats"
+                ) == sum(expected.values())
+
+            await poll_until(all_counted, timeout_s=30, what="every request counted")
+            assert planner.metrics.duplicates._value.get() == 2
+
+        rows = await db.fetch(
+            "SELECT s.tenant, p.prefix_id, sum(p.requests) AS n FROM prefix_stats p JOIN scopes s USING (scope_id)"
+            " GROUP BY 1, 2"
+        )
+        assert Counter({(r["tenant"], r["prefix_id"]): r["n"] for r in rows}) == expected
+        assert await db.fetchval("SELECT sum(cold_requests) FROM prefix_stats") == sum(
+            1 for e in events if getattr(e, "cached_tokens", 1) == 0 and hasattr(e, "prompt_tokens")
+        ) - 2  # the duplicated cold request counts once
+
+        edges = {r["prefix_id"]: r["parent_id"] for r in await db.fetch("SELECT prefix_id, parent_id FROM prefix_nodes")}
+        assert edges[1] is None and edges[10] == 1 and edges[99] == 1 and edges[6] == 5
+
+        stored = await db.fetchrow("SELECT payload, tokens FROM prefix_catalog WHERE prefix_id = 5")
+        assert msgspec.json.decode(stored["payload"].encode(), type=PrefixPayload) == payload
+        assert stored["tokens"] == 100
+
+        miss = await db.fetchrow("SELECT prefix_id, misses, missed_tokens FROM miss_stats")
+        assert (miss["prefix_id"], miss["misses"], miss["missed_tokens"]) == (11, 1, 200)
+
+        replica = await db.fetchrow("SELECT state, endpoint, node FROM replicas WHERE replica_id = 'replica-1'")
+        assert dict(replica) == {"state": "ready", "endpoint": "http://127.0.0.1:9", "node": "node-a"}
+        assert await db.fetchval("SELECT count(*) FROM replica_transitions") == 3
+    finally:
+        await db.close()
+
+
+async def test_a_replayed_stream_changes_nothing(planner_settings: PlannerSettings) -> None:
+    events = [request([7, 70 + i % 5]) for i in range(200)]
+    await produce(planner_settings.kafka, events)
+    db = await asyncpg.connect(planner_settings.postgres.asyncpg_dsn())
+    try:
+        total = "SELECT coalesce(sum(requests), 0) FROM prefix_stats"
+        async with running_planner(planner_settings):
+            await poll_until(lambda: _equals(db, total, 200), timeout_s=30, what="200 requests counted")
+        before = await db.fetch("SELECT * FROM prefix_stats ORDER BY prefix_id, bucket")
+
+        # The same events again (a producer's retry, an operator's replay), then a marker to wait for.
+        marker = request([8, 80])
+        await produce(planner_settings.kafka, [*events, marker])
+        async with running_planner(planner_settings) as planner:
+            await poll_until(lambda: _equals(db, total, 201), timeout_s=30, what="the marker counted")
+            assert planner.metrics.duplicates._value.get() == 200
+        after = await db.fetch("SELECT * FROM prefix_stats WHERE prefix_id <> 80 ORDER BY prefix_id, bucket")
+        assert after == before
+    finally:
+        await db.close()
+
+
+async def _equals(db: asyncpg.Connection, query: str, value: int) -> bool:
+    return bool(await db.fetchval(query) == value)
