@@ -61,7 +61,7 @@ class EventCodec:
             )
         try:
             event: Event = self._decoder.decode(data)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
             return self._explain(data, exc)
         if event.schema_version > SCHEMA_VERSION:
             return _from_the_future(type(event).__struct_config__.tag, event.schema_version)  # type: ignore[arg-type]
@@ -70,14 +70,14 @@ class EventCodec:
     def _explain(self, data: bytes, exc: Exception) -> DecodeFailure:
         try:
             header = self._header.decode(data)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            return DecodeFailure(f"not a JSON event object: {exc}")
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+            return DecodeFailure(f"not a JSON event object: {_one_line(exc)}")
         version = header.schema_version
         if header.type not in EVENT_TYPES:
             return DecodeFailure(f"unknown event type {header.type!r}", header.type)
         if isinstance(version, int) and version > SCHEMA_VERSION:
             return _from_the_future(header.type, version)
-        return DecodeFailure(f"invalid {header.type}: {exc}", header.type)
+        return DecodeFailure(f"invalid {header.type}: {_one_line(exc)}", header.type)
 
 
 def _from_the_future(event_type: str, version: int) -> DecodeFailure:
@@ -85,3 +85,8 @@ def _from_the_future(event_type: str, version: int) -> DecodeFailure:
         f"schema_version {version} of {event_type} is newer than this reader (knows up to {SCHEMA_VERSION})",
         event_type,
     )
+
+
+def _one_line(exc: Exception) -> str:
+    text = " ".join(str(exc).split())
+    return text if text else type(exc).__name__

@@ -20,24 +20,30 @@ from msgspec import Meta, Struct
 SCHEMA_VERSION = 1
 """The newest schema version this code writes and reads, for every event type."""
 
-Name = Annotated[str, Meta(min_length=1, max_length=128)]
-OptionalName = Annotated[str, Meta(max_length=128)]
-Tokens = Annotated[int, Meta(ge=0)]
-Epoch = Annotated[int, Meta(ge=0)]
+# Names travel into Postgres text columns and Kafka keys: no NUL, bounded length.
+Name = Annotated[str, Meta(min_length=1, max_length=128, pattern="^[^\\x00]+$")]
+OptionalName = Annotated[str, Meta(max_length=128, pattern="^[^\\x00]*$")]
+Tokens = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+"""A token count: far above any context length, and within a 32-bit column."""
+Epoch = Annotated[int, Meta(ge=0, le=2**62)]
 AwareTime = Annotated[datetime, Meta(tz=True)]
 PrefixId = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 MAX_CHAIN_LENGTH = 4096
 
 
-class ModelRef(Struct, frozen=True, forbid_unknown_fields=False):
+class ModelRef(Struct, frozen=True, gc=False):
     """A served model: its name as clients ask for it, and the weights revision being served."""
 
     name: Name
     revision: OptionalName = ""
 
 
-class Event(Struct, kw_only=True, frozen=True, tag_field="type"):
-    """The envelope every event shares. `event_id` is the idempotency key of every consumer."""
+class Event(Struct, kw_only=True, frozen=True, tag_field="type", gc=False):
+    """The envelope every event shares. `event_id` is the idempotency key of every consumer.
+
+    Events hold no reference cycles, so they are not tracked by the cyclic garbage collector
+    (`gc=False`): a planner holding batches of them pays no collector pauses for them.
+    """
 
     FAMILY: ClassVar[str] = ""
 
@@ -51,7 +57,7 @@ class Event(Struct, kw_only=True, frozen=True, tag_field="type"):
     epoch: Epoch | None = None
 
 
-class PrefixPayload(Struct, frozen=True):
+class PrefixPayload(Struct, frozen=True, gc=False):
     """A replayable prompt up to the deepest segment of a chain, for the prefix catalog.
 
     Exactly one of `messages` (chat, OpenAI message objects) or `prompt` (completions: text or
@@ -192,7 +198,7 @@ class EpochBumped(Event, kw_only=True, frozen=True, tag="epoch.bumped"):
     reason: Annotated[str, Meta(max_length=256)] = ""
 
 
-class WarmItem(Struct, frozen=True):
+class WarmItem(Struct, frozen=True, gc=False):
     """One prefix to pre-fill: its id, its tokens, and the payload that renders it."""
 
     prefix_id: PrefixId

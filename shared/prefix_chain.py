@@ -20,6 +20,8 @@ DEFAULT_CHUNK_CHARS: Final = 2048
 DEFAULT_CHUNK_TOKENS: Final = 512
 _ID_BYTES: Final = 8
 _canonical = msgspec.json.Encoder(order="sorted")
+# A segment's kind leads its bytes, so a chat message, raw text and token ids never share an id.
+_CHAT, _TEXT, _TOKENS = b"m\x00", b"t\x00", b"k\x00"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +34,8 @@ class Namespace:
 
     def root_parent(self) -> int:
         """The parent id of every chain's first segment in this namespace."""
-        return _hash_id(b"warmplane/v1", "\x00".join((self.tenant, self.model, self.prompt_rev)).encode())
+        # JSON, not a joined string: no choice of names can make two namespaces encode alike.
+        return _hash_id(b"warmplane/v1", _canonical.encode((self.tenant, self.model, self.prompt_rev)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,14 +101,14 @@ def chat_chain(
             key: value for key, value in message.items() if key != "content" or not isinstance(value, str)
         }
         if not isinstance(content, str) or len(content) <= chunk_chars:
-            segments.append(_canonical.encode(message))
+            segments.append(_CHAT + _canonical.encode(message))
             tokens.append(
                 count_tokens(content if isinstance(content, str) else _canonical.encode(message).decode())
             )
             continue
         for start in range(0, len(content), chunk_chars):
             piece = content[start : start + chunk_chars]
-            segments.append(_canonical.encode(head) + piece.encode() if start == 0 else piece.encode())
+            segments.append(_CHAT + (_canonical.encode(head) if start == 0 else b"") + piece.encode())
             tokens.append(count_tokens(piece))
     return chain_from_segments(namespace, segments, tokens)
 
@@ -121,7 +124,9 @@ def text_chain(
     if chunk_chars <= 0:
         raise ValueError("chunk_chars must be positive")
     pieces = [prompt[start : start + chunk_chars] for start in range(0, max(len(prompt), 1), chunk_chars)]
-    return chain_from_segments(namespace, [p.encode() for p in pieces], [count_tokens(p) for p in pieces])
+    return chain_from_segments(
+        namespace, [_TEXT + p.encode() for p in pieces], [count_tokens(p) for p in pieces]
+    )
 
 
 def token_chain(
@@ -135,7 +140,7 @@ def token_chain(
     pieces = [token_ids[start : start + chunk_tokens] for start in range(0, len(token_ids), chunk_tokens)]
     return chain_from_segments(
         namespace,
-        [b"".join(t.to_bytes(4, "big") for t in piece) for piece in pieces],
+        [_TOKENS + b"".join(t.to_bytes(8, "big", signed=True) for t in piece) for piece in pieces],
         [len(piece) for piece in pieces],
     )
 

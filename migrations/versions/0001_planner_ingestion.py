@@ -5,9 +5,15 @@ Revises:
 Create Date: 2026-11-29
 
 Design notes (docs/architecture.md has the whole picture):
-- `ingested_events` is the idempotency ledger: one row per event id ever counted, kept for a retention
-  window. Event ids are UUIDv7 from the emitter, so the primary key grows at its right edge.
+- `ingest_offsets` is where each consumer group resumes, per topic partition: it advances in the same
+  transaction as the counts (exactly-once effects from at-least-once delivery), and only from where
+  the writer believed it stood (a fence against a consumer that lost its partition mid-batch).
+- `ingest_ledger` keeps the event ids of each counted batch, one compact row per partition per batch
+  (16 bytes an id), so a planner that takes a partition over rebuilds its window of recent ids and
+  still skips a producer's retried duplicates.
 - `scopes` names (tenant, model, prompt revision) once; every hot table refers to it by a 4-byte id.
+  Scopes are never deleted, and the hot tables carry no foreign key to them: a per-row check costs
+  more than the row itself at ingestion rates (measured with auto_explain, bench/ingest_bench.py).
 - `prefix_stats` counts requests per leaf prefix (a request's deepest chain element) and time bucket;
   `prefix_nodes` holds the chain edges, so a prefix's popularity is the sum over its subtree.
 """
@@ -25,11 +31,25 @@ depends_on = None
 def upgrade() -> None:
     _execute_each(
         """
-        CREATE TABLE ingested_events (
-            event_id    uuid PRIMARY KEY,
-            ingested_at timestamptz NOT NULL DEFAULT now()
+        CREATE TABLE ingest_offsets (
+            group_id    text    NOT NULL,
+            topic       text    NOT NULL,
+            partition   integer NOT NULL,
+            next_offset bigint  NOT NULL,
+            updated_at  timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (group_id, topic, partition)
         );
-        CREATE INDEX ingested_events_at ON ingested_events USING brin (ingested_at);
+
+        CREATE TABLE ingest_ledger (
+            topic        text    NOT NULL,
+            partition    integer NOT NULL,
+            first_offset bigint  NOT NULL,
+            last_offset  bigint  NOT NULL,
+            event_ids    bytea   NOT NULL,
+            ingested_at  timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (topic, partition, first_offset)
+        );
+        COMMENT ON COLUMN ingest_ledger.event_ids IS 'the counted event ids, 16 bytes each, in offset order';
 
         CREATE TABLE scopes (
             scope_id   integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -41,9 +61,9 @@ def upgrade() -> None:
         );
 
         CREATE TABLE prefix_stats (
-            scope_id      integer NOT NULL REFERENCES scopes,
+            scope_id      integer NOT NULL,
             prefix_id     bigint  NOT NULL,
-            bucket        integer NOT NULL,
+            bucket        bigint  NOT NULL,
             requests      bigint  NOT NULL DEFAULT 0,
             cold_requests bigint  NOT NULL DEFAULT 0,
             prompt_tokens bigint  NOT NULL DEFAULT 0,
@@ -55,9 +75,9 @@ def upgrade() -> None:
         COMMENT ON COLUMN prefix_stats.bucket IS 'occurred_at in Unix seconds divided by the bucket width';
 
         CREATE TABLE miss_stats (
-            scope_id      integer NOT NULL REFERENCES scopes,
+            scope_id      integer NOT NULL,
             prefix_id     bigint  NOT NULL,
-            bucket        integer NOT NULL,
+            bucket        bigint  NOT NULL,
             misses        bigint  NOT NULL DEFAULT 0,
             missed_tokens bigint  NOT NULL DEFAULT 0,
             PRIMARY KEY (scope_id, prefix_id, bucket)
@@ -65,7 +85,7 @@ def upgrade() -> None:
         COMMENT ON COLUMN miss_stats.prefix_id IS 'the first chain element that was not resident';
 
         CREATE TABLE prefix_nodes (
-            scope_id   integer NOT NULL REFERENCES scopes,
+            scope_id   integer NOT NULL,
             prefix_id  bigint  NOT NULL,
             parent_id  bigint,
             depth      integer NOT NULL,
@@ -75,7 +95,7 @@ def upgrade() -> None:
         );
 
         CREATE TABLE prefix_catalog (
-            scope_id      integer NOT NULL REFERENCES scopes,
+            scope_id      integer NOT NULL,
             prefix_id     bigint  NOT NULL,
             payload       jsonb   NOT NULL,
             payload_bytes integer NOT NULL,
@@ -85,6 +105,7 @@ def upgrade() -> None:
             PRIMARY KEY (scope_id, prefix_id)
         );
         CREATE INDEX prefix_catalog_last_seen ON prefix_catalog (last_seen);
+        ALTER TABLE ingest_ledger ALTER COLUMN event_ids SET STORAGE EXTERNAL;
 
         CREATE TABLE replicas (
             replica_id         text PRIMARY KEY,
@@ -134,7 +155,8 @@ def downgrade() -> None:
         DROP TABLE miss_stats;
         DROP TABLE prefix_stats;
         DROP TABLE scopes;
-        DROP TABLE ingested_events;
+        DROP TABLE ingest_ledger;
+        DROP TABLE ingest_offsets;
         """
     )
 

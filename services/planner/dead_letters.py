@@ -25,6 +25,9 @@ class KafkaDeadLetterSink:
         pending = [
             await self._producer.send(
                 self._topic,
+                # The original key keeps the letter beside its peers; Kafka needs a key or a value,
+                # and a tombstone has no value.
+                key=letter.record.key if letter.record.key is not None else b"",
                 value=letter.record.value,
                 headers=[
                     (DeadLetterHeaders.REASON, letter.reason.encode()),

@@ -1,10 +1,14 @@
 """The ingestion pipeline: decode a fetched batch, dead-letter what does not decode, write the rest.
 
-Decoding runs in the consumer's handler; the database write runs in one writer task, so the next
-batch decodes while Postgres applies the previous one. The queue between them is bounded: a slow
-database slows the consumer, never grows memory. A batch's offsets are committed to the broker only
-after its dead letters are acknowledged by the broker and its deltas are committed in Postgres; a crash
-anywhere replays at most the uncommitted batches, which the event-id ledger then skips.
+Decoding and de-duplication run in the consumer's handler; the database write runs in one writer
+task, so the next batch decodes while Postgres applies the previous one. The queue between them is
+bounded: a slow database slows the consumer, never grows memory.
+
+Exactly-once effects: a batch's counts commit in Postgres together with its partitions' next offsets;
+on assignment the consumer seeks to those offsets (`restore`), so a crash replays nothing that was
+counted. Duplicates at other offsets (a producer's retry) are recognised by a window of recent event
+ids per partition, rebuilt from the ledger on assignment. The broker offset is committed after the
+database too, for lag monitoring and for tools that read it.
 """
 
 from __future__ import annotations
@@ -12,22 +16,26 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Container, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
+import asyncpg
 import msgspec
 
-from warmplane.services.planner.core.ingest_batch import IngestBatch, NodeKey, fold_events
-from warmplane.services.planner.metrics import PlannerMetrics
+from warmplane.services.planner.core.ingest_batch import IngestBatch, fold_events
 from warmplane.services.planner.core.node_cache import NodeCache
-from warmplane.services.planner.pg_store import WriteResult, event_type
+from warmplane.services.planner.core.recent_ids import RecentIds
+from warmplane.services.planner.metrics import PlannerMetrics
+from warmplane.services.planner.pg_store import Fenced, PartitionSlice, PgIngestStore, event_type
 from warmplane.shared.codec import DecodeFailure, EventCodec
 from warmplane.shared.events import Event
 
 log = logging.getLogger(__name__)
 
-Offsets = dict[tuple[str, int], int]
+_YIELD_EVERY = 512
+Partition = tuple[str, int]
+Offsets = dict[Partition, int]
 """(topic, partition) -> the next offset to consume, i.e. the last processed offset + 1."""
 
 
@@ -40,6 +48,8 @@ class RawRecord(Protocol):
     def partition(self) -> int: ...
     @property
     def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
     @property
     def value(self) -> bytes | None: ...
 
@@ -55,75 +65,139 @@ class DeadLetterSink(Protocol):
         """Publish every letter and return once the broker has acknowledged all of them."""
 
 
-class EventWriter(Protocol):
-    async def write(self, events: list[Event], fold: Callable[[list[Event]], IngestBatch]) -> WriteResult: ...
+class ConsumerPort(Protocol):
+    """What the writer needs of the consumer: commit, and rewind a partition after a fence."""
+
+    async def commit(self, offsets: Offsets) -> None: ...
+    def seek(self, partition: Partition, offset: int) -> None: ...
+    def owns(self, partition: Partition) -> bool: ...
 
 
-CommitOffsets = Callable[[Offsets], Awaitable[None]]
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Work:
-    events: list[Event]
-    letters: list[DeadLetter]
-    offsets: Offsets
-    commit: CommitOffsets
+    consumer: ConsumerPort
+    events: list[Event] = field(default_factory=list)
+    records: list[RawRecord] = field(default_factory=list)
+    letters: list[DeadLetter] = field(default_factory=list)
+    slices: dict[Partition, PartitionSlice] = field(default_factory=dict)
+    duplicates: int = 0
 
 
 class Ingestor:
-    """Owns the writer task. `submit` from the consumer; `drain` before the consumer closes."""
+    """Owns the writer task and the per-partition windows. `submit` from the consumer's handler,
+    `restore` when partitions are assigned, `flush` when they are revoked, `drain` at shutdown."""
 
     def __init__(
         self,
         *,
         codec: EventCodec,
-        writer: EventWriter,
+        store: PgIngestStore,
         dead_letters: DeadLetterSink,
         metrics: PlannerMetrics,
         bucket_seconds: int,
         node_cache: NodeCache,
         max_payload_bytes: int,
+        window_per_partition: int,
         queue_depth: int = 2,
+        on_failure: Callable[[], None] = lambda: None,
     ) -> None:
         self._codec = codec
-        self._writer = writer
+        self._store = store
         self._dead_letters = dead_letters
         self._metrics = metrics
         self._bucket_seconds = bucket_seconds
         self._nodes = node_cache
         self._max_payload_bytes = max_payload_bytes
+        self._window_size = window_per_partition
+        self._windows: dict[Partition, RecentIds] = {}
+        self._restoring: dict[Partition, asyncio.Future[None]] = {}
+        self._submitted: Offsets = {}
+        """Per partition, the next offset after the last batch submitted to the writer."""
         self._queue: asyncio.Queue[_Work | None] = asyncio.Queue(maxsize=queue_depth)
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self._on_failure = on_failure
 
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="planner-writer")
 
-    async def submit(self, records: Sequence[RawRecord], commit: CommitOffsets) -> None:
-        """Decode `records` and queue them for writing; waits while the queue is full.
+    async def restore(self, partitions: Sequence[Partition]) -> Offsets:
+        """Load the stored positions and recent ids of newly assigned `partitions`; return where the
+        consumer must seek for those this group has counted from before."""
+        # The fetcher may deliver records of a new assignment before this returns: submit waits.
+        restoring: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for partition in partitions:
+            self._restoring[partition] = restoring
+        try:
+            stored = await self._store.positions(partitions, self._window_size)
+        finally:
+            restoring.set_result(None)
+            for partition in partitions:
+                if self._restoring.get(partition) is restoring:
+                    del self._restoring[partition]
+        for partition in partitions:
+            window = self._windows[partition] = RecentIds(self._window_size)
+            self._submitted.pop(partition, None)
+            if partition in stored:
+                next_offset, ids = stored[partition]
+                window.extend(ids)
+                self._submitted[partition] = next_offset
+        return {partition: stored[partition][0] for partition in stored}
+
+    async def submit(self, records: Sequence[RawRecord], consumer: ConsumerPort) -> None:
+        """Decode, de-duplicate and queue `records`; waits while the queue is full.
 
         Raises the writer's error if the writer has died, so the consumer stops instead of
         consuming batches it cannot write.
         """
         if self._failure is not None:
             raise RuntimeError("the planner's writer has stopped") from self._failure
-        events: list[Event] = []
-        letters: list[DeadLetter] = []
-        offsets: Offsets = {}
+        await self._await_restored({(record.topic, record.partition) for record in records})
+        work = _Work(consumer)
         decode = self._codec.decode
-        for record in records:
+        windows = self._windows
+        for index, record in enumerate(records):
+            if index % _YIELD_EVERY == _YIELD_EVERY - 1:
+                # Let the writer's database replies in: decoding a whole batch at once would stall
+                # every round trip of the batch being written by as long.
+                await asyncio.sleep(0)
+            partition = (record.topic, record.partition)
+            expected = self._submitted.get(partition)
+            if expected is not None and record.offset < expected:
+                work.duplicates += 1  # already counted (or queued): a redelivery from before a seek
+                continue
+            counted = work.slices.get(partition)
+            if counted is None:
+                counted = work.slices[partition] = PartitionSlice(
+                    *partition, record.offset, record.offset, expected, []
+                )
+            window = windows.get(partition)
+            if window is None:
+                window = windows[partition] = RecentIds(self._window_size)
+            counted.last_offset = record.offset
             decoded = decode(record.value)
             if isinstance(decoded, DecodeFailure):
-                letters.append(DeadLetter(record, decoded.reason))
+                work.letters.append(DeadLetter(record, decoded.reason))
             elif (too_big := self._oversized_payload(decoded, record)) is not None:
-                letters.append(DeadLetter(record, too_big))
+                work.letters.append(DeadLetter(record, too_big))
+            elif decoded.event_id in window:
+                work.duplicates += 1
             else:
-                events.append(decoded)
-            key = (record.topic, record.partition)
-            if record.offset >= offsets.get(key, -1):
-                offsets[key] = record.offset + 1
-        await self._queue.put(_Work(events, letters, offsets, commit))
+                window.add(decoded.event_id)
+                counted.event_ids.append(decoded.event_id)
+                work.events.append(decoded)
+                work.records.append(record)
+        for partition, counted in work.slices.items():
+            self._submitted[partition] = counted.last_offset + 1
+        await self._queue.put(work)
+
+    async def _await_restored(self, partitions: set[Partition]) -> None:
+        for partition in partitions:
+            if partition in self._restoring:
+                await self._restoring[partition]
+            if partition not in self._windows:  # delivered without an assignment callback
+                await self.restore([partition])
 
     def _oversized_payload(self, event: Event, record: RawRecord) -> str | None:
         """Why the event's catalog payload is refused, if it is; cheap for messages under the cap."""
@@ -135,6 +209,10 @@ class Ingestor:
             return None
         return f"payload of {size} bytes exceeds catalog_max_payload_bytes={self._max_payload_bytes}"
 
+    async def flush(self) -> None:
+        """Return once everything submitted so far is written (or failed)."""
+        await self._queue.join()
+
     async def drain(self) -> None:
         """Write everything queued, commit its offsets, and stop the writer task."""
         if self._task is None:
@@ -144,35 +222,76 @@ class Ingestor:
         self._task = None
 
     async def _run(self) -> None:
-        while (work := await self._queue.get()) is not None:
+        while True:
+            work = await self._queue.get()
             try:
+                if work is None:
+                    return
                 await self._process(work)
             except BaseException as exc:
                 self._failure = exc
-                log.exception("planner writer failed; the consumer will stop")
+                log.exception("planner writer failed; stopping (Postgres holds where to resume)")
+                self._on_failure()
                 raise
+            finally:
+                self._queue.task_done()
 
     async def _process(self, work: _Work) -> None:
-        if work.letters:
-            await self._dead_letters.send_all(work.letters)
-            for letter in work.letters:
-                self._metrics.dead_lettered.labels(reason=_reason_class(letter.reason)).inc()
-        if work.events:
-            with self._metrics.batch_seconds.time():
-                result = await self._writer.write(work.events, self._fold)
-            self._nodes.add_all(result.applied.edges.keys())
-            self._metrics.duplicates.inc(result.duplicates)
-            for kind, count in Counter(type(event) for event in work.events).items():
-                self._metrics.events.labels(type=event_type(kind)).inc(count)
+        await self._send_letters(work.letters)
+        batch = self._fold(work.events)
         try:
-            await work.commit(work.offsets)
-        except Exception:  # the ledger makes a replay harmless; keep going
+            try:
+                with self._metrics.batch_seconds.time():
+                    await self._store.write(list(work.slices.values()), batch)
+            except asyncpg.DataError:
+                batch = await self._without_unstorable(work)
+                await self._store.write(list(work.slices.values()), batch)
+        except Fenced as fenced:
+            await self._rewind(work, fenced.partitions)
+            return
+        self._nodes.add_all(batch.edges.keys())
+        self._metrics.duplicates.inc(work.duplicates)
+        for kind, count in Counter(type(event) for event in work.events).items():
+            self._metrics.events.labels(type=event_type(kind)).inc(count)
+        try:
+            await work.consumer.commit({p: s.last_offset + 1 for p, s in work.slices.items()})
+        except Exception:  # the database holds the truth; the broker's copy only serves monitoring
             self._metrics.commit_failures.inc()
-            log.warning("offset commit failed; the batch will be replayed and skipped", exc_info=True)
+            log.warning("broker offset commit failed; positions are safe in Postgres", exc_info=True)
+
+    async def _send_letters(self, letters: Sequence[DeadLetter]) -> None:
+        """Dead letters reach the broker before their batch commits, so none is lost to a crash."""
+        if letters:
+            await self._dead_letters.send_all(letters)
+            for letter in letters:
+                self._metrics.dead_lettered.labels(reason=_reason_class(letter.reason)).inc()
+
+    async def _without_unstorable(self, work: _Work) -> IngestBatch:
+        """Dead-letter the events Postgres refuses (a value it cannot store, such as a NUL inside a
+        payload) and return the fold of the rest. Raises if no single event is at fault."""
+        rejected = await self._store.rejected(self._fold, work.events)
+        if not rejected:
+            raise RuntimeError("Postgres refused a batch but none of its events alone")
+        letters = []
+        for index in sorted(rejected, reverse=True):
+            event, record = work.events.pop(index), work.records.pop(index)
+            work.slices[(record.topic, record.partition)].event_ids.remove(event.event_id)
+            letters.append(DeadLetter(record, "rejected by Postgres: a value it cannot store"))
+        await self._send_letters(letters)
+        return self._fold(work.events)
+
+    async def _rewind(self, work: _Work, partitions: set[Partition]) -> None:
+        """After a fence: forget what this batch added, reload, and re-read what this consumer still owns."""
+        log.warning(
+            "partitions %s were counted by another consumer; re-reading from Postgres", sorted(partitions)
+        )
+        positions = await self.restore(list(work.slices))
+        for partition in work.slices:
+            if work.consumer.owns(partition) and partition in positions:
+                work.consumer.seek(partition, positions[partition])
 
     def _fold(self, events: list[Event]) -> IngestBatch:
-        stored: Container[NodeKey] = self._nodes
-        return fold_events(events, bucket_seconds=self._bucket_seconds, stored_nodes=stored)
+        return fold_events(events, bucket_seconds=self._bucket_seconds, stored_nodes=self._nodes)
 
 
 def _reason_class(reason: str) -> str:
@@ -184,6 +303,7 @@ def _reason_class(reason: str) -> str:
         ("payload of", "oversized_payload"),
         ("not a JSON", "malformed"),
         ("empty message", "empty"),
+        ("rejected by Postgres", "unstorable"),
     ):
         if reason.startswith(prefix):
             return label

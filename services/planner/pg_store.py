@@ -1,9 +1,9 @@
 """The planner's Postgres store for ingestion: one transaction per batch, arrays in, one row per key.
 
-The hot path speaks asyncpg directly: a whole batch of keys travels as a few arrays through `unnest`,
-which measured several times faster than row-at-a-time statements through an ORM
-(bench/ingest_bench.py). Every write is idempotent: the ledger claims event ids first, and only the
-events it had not seen are counted, in the same transaction.
+The hot path speaks asyncpg directly: a whole batch of keys travels as a few arrays through `unnest`
+(bench/ingest_bench.py measures it). A batch's counts, its partitions' next offsets and its ledger of
+event ids commit in one transaction, so a crash anywhere leaves either all of a batch or none of it,
+and the consumer resumes exactly after the last batch that committed.
 """
 
 from __future__ import annotations
@@ -16,44 +16,22 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from warmplane.services.planner.core.ingest_batch import IngestBatch, Scope, new_only
+from warmplane.services.planner.core.ingest_batch import IngestBatch, Scope
+from warmplane.services.planner.core.recent_ids import pack_ids, unpack_ids
 from warmplane.shared.events import Event, ReplicaEvent
 
 _json = msgspec.json.Encoder()
 
-CLAIM_EVENTS = """
-INSERT INTO ingested_events (event_id) SELECT unnest($1::uuid[])
-ON CONFLICT DO NOTHING RETURNING event_id
+INGEST_BATCH = "SELECT warmplane_ingest_batch(" + ", ".join(f"${n}" for n in range(1, 33)) + ")"
+"""One round trip: offsets (fenced), ledger, counts, edges and catalog (migration 0002)."""
+FENCED_SQLSTATE = "WP001"
+STORED_OFFSETS = """
+SELECT topic, partition, next_offset FROM ingest_offsets
+WHERE group_id = $1 AND (topic, partition) IN (SELECT * FROM unnest($2::text[], $3::int[]))
 """
-ADD_REQUEST_COUNTS = """
-INSERT INTO prefix_stats AS s (scope_id, prefix_id, bucket, requests, cold_requests, prompt_tokens,
-                               cached_tokens, ttft_ms_sum, ttft_count)
-SELECT * FROM unnest($1::int[], $2::bigint[], $3::int[], $4::bigint[], $5::bigint[], $6::bigint[],
-                     $7::bigint[], $8::float8[], $9::bigint[])
-ON CONFLICT (scope_id, prefix_id, bucket) DO UPDATE SET
-    requests = s.requests + excluded.requests,
-    cold_requests = s.cold_requests + excluded.cold_requests,
-    prompt_tokens = s.prompt_tokens + excluded.prompt_tokens,
-    cached_tokens = s.cached_tokens + excluded.cached_tokens,
-    ttft_ms_sum = s.ttft_ms_sum + excluded.ttft_ms_sum,
-    ttft_count = s.ttft_count + excluded.ttft_count
-"""
-ADD_MISS_COUNTS = """
-INSERT INTO miss_stats AS s (scope_id, prefix_id, bucket, misses, missed_tokens)
-SELECT * FROM unnest($1::int[], $2::bigint[], $3::int[], $4::bigint[], $5::bigint[])
-ON CONFLICT (scope_id, prefix_id, bucket) DO UPDATE SET
-    misses = s.misses + excluded.misses, missed_tokens = s.missed_tokens + excluded.missed_tokens
-"""
-ADD_EDGES = """
-INSERT INTO prefix_nodes (scope_id, prefix_id, parent_id, depth, tokens, first_seen)
-SELECT * FROM unnest($1::int[], $2::bigint[], $3::bigint[], $4::int[], $5::int[], $6::timestamptz[])
-ON CONFLICT DO NOTHING
-"""
-UPSERT_CATALOG = """
-INSERT INTO prefix_catalog AS c (scope_id, prefix_id, payload, payload_bytes, tokens, first_seen, last_seen)
-SELECT s, p, j::jsonb, octet_length(j), t, at, at
-FROM unnest($1::int[], $2::bigint[], $3::text[], $4::int[], $5::timestamptz[]) AS u(s, p, j, t, at)
-ON CONFLICT (scope_id, prefix_id) DO UPDATE SET last_seen = greatest(c.last_seen, excluded.last_seen)
+RECENT_LEDGER = """
+SELECT event_ids FROM ingest_ledger WHERE topic = $1 AND partition = $2
+ORDER BY first_offset DESC LIMIT $3
 """
 RECORD_TRANSITION = """
 INSERT INTO replica_transitions (event_id, replica_id, state, occurred_at, reason)
@@ -66,7 +44,8 @@ INSERT INTO replicas AS r (replica_id, node, model, model_revision, endpoint, st
                            kv_capacity_tokens, reason, last_event_id)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 ON CONFLICT (replica_id) DO UPDATE SET
-    endpoint = CASE WHEN excluded.endpoint <> '' AND (r.endpoint = '' OR r.state_since <= excluded.state_since)
+    endpoint = CASE WHEN excluded.endpoint <> ''
+                         AND (r.endpoint = '' OR r.state_since <= excluded.state_since)
                     THEN excluded.endpoint ELSE r.endpoint END,
     kv_capacity_tokens = CASE WHEN excluded.kv_capacity_tokens IS NOT NULL
                                    AND (r.kv_capacity_tokens IS NULL OR r.state_since <= excluded.state_since)
@@ -87,44 +66,151 @@ VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb) ON CONFLICT DO NOTHING
 """
 
 
-@dataclass(frozen=True, slots=True)
-class WriteResult:
-    """What a batch write did: the deltas applied, events counted, duplicates the ledger had seen."""
+@dataclass(slots=True)
+class PartitionSlice:
+    """What a batch consumed from one partition: its offsets, the ids of the events it counts, and the
+    stored next offset the writer expects to advance from (None: the group never read this partition)."""
 
-    applied: IngestBatch
-    counted: int
-    duplicates: int
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+    expected_next: int | None
+    event_ids: list[uuid.UUID]
+
+
+class Fenced(Exception):
+    """Another consumer has counted past where this batch starts on `partitions`; nothing was written."""
+
+    def __init__(self, partitions: set[tuple[str, int]]) -> None:
+        super().__init__(f"partitions taken over by another consumer: {sorted(partitions)}")
+        self.partitions = partitions
 
 
 class PgIngestStore:
     """Applies ingestion batches to Postgres. Owns no pool: the caller's lifespan does."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, group_id: str) -> None:
         self._pool = pool
+        self._group_id = group_id
         self._scope_ids: dict[Scope, int] = {}
 
-    async def write(self, events: list[Event], fold: Callable[[list[Event]], IngestBatch]) -> WriteResult:
-        """Count `events` exactly once: claim their ids and apply the fold of the new ones, atomically.
+    async def write(self, slices: Sequence[PartitionSlice], batch: IngestBatch) -> None:
+        """Commit `batch` with its partitions' new positions and ledger, atomically.
 
-        `fold` turns events into deltas; it is called once, and again on the new events alone only if
-        the ledger had seen some of them (a redelivery after a crash, or a producer's retry).
+        Raises `Fenced` (and writes nothing) if any partition's stored position is not the one its
+        slice expects (another consumer moved it); raises asyncpg's `DataError` if Postgres refuses
+        a value.
         """
-        batch = fold(events)
         async with self._pool.acquire() as connection:
             # Scopes are created outside the batch's transaction: harmless if it rolls back, and the
             # id cache then never holds an id that was rolled back.
             await self.scope_ids(connection, batch.scopes())
-            async with connection.transaction():
-                new_ids = await self.claim(connection, [event.event_id for event in events])
-                if len(new_ids) < len(events):
-                    batch = fold(new_only(events, new_ids))
-                await self.apply(connection, batch)
-        return WriteResult(batch, len(new_ids), len(events) - len(new_ids))
+            try:
+                if batch.replica_events or batch.fleet_changes:
+                    async with connection.transaction():
+                        await self._ingest(connection, slices, batch)
+                        await self._record_fleet(connection, batch)
+                else:  # one statement: its own transaction, one round trip
+                    await self._ingest(connection, slices, batch)
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate == FENCED_SQLSTATE:
+                    raise Fenced({(s.topic, s.partition) for s in slices}) from None
+                raise
 
-    async def claim(self, connection: asyncpg.Connection, event_ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
-        """Record `event_ids` in the ledger; return those it had not seen. Call inside a transaction."""
-        rows = await connection.fetch(CLAIM_EVENTS, event_ids)
-        return {row[0] for row in rows}
+    async def _ingest(
+        self, connection: asyncpg.Connection, slices: Sequence[PartitionSlice], batch: IngestBatch
+    ) -> None:
+        ids = {scope: self._scope_ids[scope] for scope in batch.scopes()}
+        counts, misses = batch.request_counts, batch.miss_counts
+        edges, catalog = batch.edges, batch.catalog
+        await connection.execute(
+            INGEST_BATCH,
+            self._group_id,
+            [s.topic for s in slices],
+            [s.partition for s in slices],
+            [s.expected_next for s in slices],
+            [s.first_offset for s in slices],
+            [s.last_offset for s in slices],
+            [pack_ids(s.event_ids) for s in slices],
+            [ids[k[0]] for k in counts],
+            [k[1] for k in counts],
+            [k[2] for k in counts],
+            [c.requests for c in counts.values()],
+            [c.cold_requests for c in counts.values()],
+            [c.prompt_tokens for c in counts.values()],
+            [c.cached_tokens for c in counts.values()],
+            [c.ttft_ms_sum for c in counts.values()],
+            [c.ttft_count for c in counts.values()],
+            [ids[k[0]] for k in misses],
+            [k[1] for k in misses],
+            [k[2] for k in misses],
+            [m.misses for m in misses.values()],
+            [m.missed_tokens for m in misses.values()],
+            [ids[n[0]] for n in edges],
+            [n[1] for n in edges],
+            [e.parent_id for e in edges.values()],
+            [e.depth for e in edges.values()],
+            [e.tokens for e in edges.values()],
+            [e.first_seen for e in edges.values()],
+            [ids[n[0]] for n in catalog],
+            [n[1] for n in catalog],
+            [_json.encode(e.payload).decode() for e in catalog.values()],
+            [e.tokens for e in catalog.values()],
+            [e.seen_at for e in catalog.values()],
+        )
+
+    async def positions(
+        self, partitions: Sequence[tuple[str, int]], window: int
+    ) -> dict[tuple[str, int], tuple[int, list[uuid.UUID]]]:
+        """For each partition this group has counted from: its next offset, and up to `window` of the
+        most recently counted ids (oldest first). Partitions never counted from are absent."""
+        async with self._pool.acquire() as connection:
+            rows = await connection.fetch(
+                STORED_OFFSETS, self._group_id, [p[0] for p in partitions], [p[1] for p in partitions]
+            )
+            found: dict[tuple[str, int], tuple[int, list[uuid.UUID]]] = {}
+            for topic, partition, next_offset in rows:
+                ids: list[uuid.UUID] = []
+                async with connection.transaction():
+                    async for (packed,) in connection.cursor(RECENT_LEDGER, topic, partition, window):
+                        ids[:0] = unpack_ids(packed)
+                        if len(ids) >= window:
+                            break
+                found[(topic, partition)] = (next_offset, ids[-window:])
+        return found
+
+    async def rejected(
+        self, batch_of: Callable[[list[Event]], IngestBatch], events: list[Event]
+    ) -> list[int]:
+        """The indexes of the events Postgres refuses to store, found by bisection in transactions
+        that are always rolled back (nothing is written)."""
+        async with self._pool.acquire() as connection:
+            await self.scope_ids(connection, batch_of(events).scopes())
+            return await self._bisect(connection, batch_of, events, 0)
+
+    async def _bisect(
+        self,
+        connection: asyncpg.Connection,
+        batch_of: Callable[[list[Event]], IngestBatch],
+        events: list[Event],
+        offset: int,
+    ) -> list[int]:
+        try:
+            async with connection.transaction():
+                batch = batch_of(events)
+                await self._ingest(connection, [], batch)
+                await self._record_fleet(connection, batch)
+                raise _DryRun
+        except _DryRun:
+            return []
+        except asyncpg.DataError:
+            if len(events) == 1:
+                return [offset]
+        half = len(events) // 2
+        return await self._bisect(connection, batch_of, events[:half], offset) + await self._bisect(
+            connection, batch_of, events[half:], offset + half
+        )
 
     async def scope_ids(self, connection: asyncpg.Connection, scopes: set[Scope]) -> dict[Scope, int]:
         """The ids of `scopes`, creating the missing ones. Cached: a scope's id never changes."""
@@ -148,58 +234,8 @@ class PgIngestStore:
                 self._scope_ids[(row[1], row[2], row[3])] = row[0]
         return {scope: self._scope_ids[scope] for scope in scopes}
 
-    async def apply(self, connection: asyncpg.Connection, batch: IngestBatch) -> None:
-        """Apply the deltas of `batch`, whose scopes have ids. Call inside the claiming transaction."""
-        ids = {scope: self._scope_ids[scope] for scope in batch.scopes()}
-        if batch.request_counts:
-            keys = list(batch.request_counts)
-            counts = list(batch.request_counts.values())
-            await connection.execute(
-                ADD_REQUEST_COUNTS,
-                [ids[k[0]] for k in keys],
-                [k[1] for k in keys],
-                [k[2] for k in keys],
-                [c.requests for c in counts],
-                [c.cold_requests for c in counts],
-                [c.prompt_tokens for c in counts],
-                [c.cached_tokens for c in counts],
-                [c.ttft_ms_sum for c in counts],
-                [c.ttft_count for c in counts],
-            )
-        if batch.miss_counts:
-            keys = list(batch.miss_counts)
-            misses = list(batch.miss_counts.values())
-            await connection.execute(
-                ADD_MISS_COUNTS,
-                [ids[k[0]] for k in keys],
-                [k[1] for k in keys],
-                [k[2] for k in keys],
-                [m.misses for m in misses],
-                [m.missed_tokens for m in misses],
-            )
-        if batch.edges:
-            nodes = list(batch.edges)
-            edges = list(batch.edges.values())
-            await connection.execute(
-                ADD_EDGES,
-                [ids[n[0]] for n in nodes],
-                [n[1] for n in nodes],
-                [e.parent_id for e in edges],
-                [e.depth for e in edges],
-                [e.tokens for e in edges],
-                [e.first_seen for e in edges],
-            )
-        if batch.catalog:
-            nodes = list(batch.catalog)
-            entries = list(batch.catalog.values())
-            await connection.execute(
-                UPSERT_CATALOG,
-                [ids[n[0]] for n in nodes],
-                [n[1] for n in nodes],
-                [_json.encode(e.payload).decode() for e in entries],
-                [e.tokens for e in entries],
-                [e.seen_at for e in entries],
-            )
+    async def _record_fleet(self, connection: asyncpg.Connection, batch: IngestBatch) -> None:
+        """Replica transitions and fleet changes: few per batch, one statement each."""
         for event in batch.replica_events:
             await self._record_replica(connection, event)
         for change in batch.fleet_changes:
@@ -250,3 +286,7 @@ class PgIngestStore:
 def event_type(event: Event | type[Event]) -> str:
     """The contract's name for an event or event class (its `type` tag)."""
     return str(event.__struct_config__.tag)
+
+
+class _DryRun(Exception):
+    """Raised inside a transaction to roll it back on purpose."""

@@ -20,7 +20,9 @@ class IngestSettings(BaseModel):
     batch_timeout_ms: Positive = 100
     max_partition_fetch_bytes: Positive = 4 * 1024 * 1024
     bucket_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
-    ledger_retention_hours: Hours = 48.0
+    ledger_retention_hours: Hours = 24.0
+    dedup_window_per_partition: Annotated[int, Field(ge=1_000)] = 20_000
+    """How many recent event ids per partition are checked for a producer's retried duplicates."""
     catalog_retention_hours: Hours = 24.0 * 7
     catalog_max_payload_bytes: Positive = 64 * 1024
     sweep_interval_s: Annotated[float, Field(gt=0)] = 300.0

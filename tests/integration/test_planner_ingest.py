@@ -17,8 +17,10 @@ from warmplane.shared.events import (
     PrefixMissed,
     PrefixPayload,
     ReplicaBecameReady,
+    ReplicaEvent,
     ReplicaStarted,
     ReplicaWarmingStarted,
+    RequestObserved,
 )
 
 
@@ -26,51 +28,61 @@ async def test_counts_each_event_once_and_records_the_fleet(planner_settings: Pl
     now = datetime.now(UTC)
     events: list[Event] = []
     for i in range(300):
-        events.append(request([1, 10 + i % 7], tenant=("acme", "globex")[i % 2], cached_tokens=100 * (i % 3 == 0)))
+        tenant = ("acme", "globex")[i % 2]
+        events.append(request([1, 10 + i % 7], tenant=tenant, cached_tokens=100 * (i % 3 == 0)))
     duplicated = request([1, 99])
     events += [duplicated, duplicated, duplicated]
     payload = PrefixPayload(prefix_id=5, messages=[{"role": "system", "content": "You are terse."}])
     events.append(request([5, 6], payload=payload))
     events.append(
         PrefixMissed(
-            event_id=new_event_id(), occurred_at=now, producer="test", tenant="acme", model=MODEL,
-            replica="replica-1", chain=[1, 11, 12], chain_tokens=[100, 200, 300], resident_depth=1,
+            event_id=new_event_id(),
+            occurred_at=now,
+            producer="test",
+            tenant="acme",
+            model=MODEL,
+            replica="replica-1",
+            chain=[1, 11, 12],
+            chain_tokens=[100, 200, 300],
+            resident_depth=1,
             cached_tokens=100,
         )
     )
-    lifecycle = dict(producer="warmer", model=MODEL, replica="replica-1", node="node-a")
     # Out of order on purpose: the latest occurrence must win in the registry.
     events += [
-        ReplicaBecameReady(event_id=new_event_id(), occurred_at=now + timedelta(seconds=3), **lifecycle),
-        ReplicaStarted(event_id=new_event_id(), occurred_at=now, endpoint="http://127.0.0.1:9", **lifecycle),
-        ReplicaWarmingStarted(event_id=new_event_id(), occurred_at=now + timedelta(seconds=2), **lifecycle),
-        DeployStarted(event_id=new_event_id(), occurred_at=now, producer="ci", model=MODEL, prompt_revs=["v2"]),
+        _lifecycle(ReplicaBecameReady, now + timedelta(seconds=3)),
+        _lifecycle(ReplicaStarted, now, endpoint="http://127.0.0.1:9"),
+        _lifecycle(ReplicaWarmingStarted, now + timedelta(seconds=2)),
+        DeployStarted(
+            event_id=new_event_id(), occurred_at=now, producer="ci", model=MODEL, prompt_revs=["v2"]
+        ),
     ]
     await produce(planner_settings.kafka, events)
-    expected = Counter((e.tenant, e.chain[-1]) for e in {e.event_id: e for e in events if hasattr(e, "prompt_tokens")}.values())
+    requests = {e.event_id: e for e in events if isinstance(e, RequestObserved)}
+    expected = Counter((e.tenant, e.chain[-1]) for e in requests.values())
 
     db = await asyncpg.connect(planner_settings.postgres.asyncpg_dsn())
     try:
         async with running_planner(planner_settings) as planner:
 
             async def all_counted() -> bool:
-                return await db.fetchval("SELECT count(*) FROM fleet_changes") == 1 and await db.fetchval(
-                    "SELECT coalesce(sum(requests), 0) FROM prefix_stats"
-                ) == sum(expected.values())
+                changes = await db.fetchval("SELECT count(*) FROM fleet_changes")
+                total = await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_stats")
+                return bool(changes == 1 and total == sum(expected.values()))
 
             await poll_until(all_counted, timeout_s=30, what="every request counted")
             assert planner.metrics.duplicates._value.get() == 2
 
         rows = await db.fetch(
-            "SELECT s.tenant, p.prefix_id, sum(p.requests) AS n FROM prefix_stats p JOIN scopes s USING (scope_id)"
-            " GROUP BY 1, 2"
+            "SELECT s.tenant, p.prefix_id, sum(p.requests) AS n"
+            " FROM prefix_stats p JOIN scopes s USING (scope_id) GROUP BY 1, 2"
         )
         assert Counter({(r["tenant"], r["prefix_id"]): r["n"] for r in rows}) == expected
-        assert await db.fetchval("SELECT sum(cold_requests) FROM prefix_stats") == sum(
-            1 for e in events if getattr(e, "cached_tokens", 1) == 0 and hasattr(e, "prompt_tokens")
-        ) - 2  # the duplicated cold request counts once
+        cold = sum(1 for e in requests.values() if e.cached_tokens == 0)
+        assert await db.fetchval("SELECT sum(cold_requests) FROM prefix_stats") == cold
 
-        edges = {r["prefix_id"]: r["parent_id"] for r in await db.fetch("SELECT prefix_id, parent_id FROM prefix_nodes")}
+        nodes = await db.fetch("SELECT prefix_id, parent_id FROM prefix_nodes")
+        edges = {r["prefix_id"]: r["parent_id"] for r in nodes}
         assert edges[1] is None and edges[10] == 1 and edges[99] == 1 and edges[6] == 5
 
         stored = await db.fetchrow("SELECT payload, tokens FROM prefix_catalog WHERE prefix_id = 5")
@@ -80,7 +92,9 @@ async def test_counts_each_event_once_and_records_the_fleet(planner_settings: Pl
         miss = await db.fetchrow("SELECT prefix_id, misses, missed_tokens FROM miss_stats")
         assert (miss["prefix_id"], miss["misses"], miss["missed_tokens"]) == (11, 1, 200)
 
-        replica = await db.fetchrow("SELECT state, endpoint, node FROM replicas WHERE replica_id = 'replica-1'")
+        replica = await db.fetchrow(
+            "SELECT state, endpoint, node FROM replicas WHERE replica_id = $1", "replica-1"
+        )
         assert dict(replica) == {"state": "ready", "endpoint": "http://127.0.0.1:9", "node": "node-a"}
         assert await db.fetchval("SELECT count(*) FROM replica_transitions") == 3
     finally:
@@ -107,6 +121,18 @@ async def test_a_replayed_stream_changes_nothing(planner_settings: PlannerSettin
         assert after == before
     finally:
         await db.close()
+
+
+def _lifecycle(kind: type[ReplicaEvent], at: datetime, endpoint: str = "") -> ReplicaEvent:
+    return kind(
+        event_id=new_event_id(),
+        occurred_at=at,
+        producer="warmer",
+        model=MODEL,
+        replica="replica-1",
+        node="node-a",
+        endpoint=endpoint,
+    )
 
 
 async def _equals(db: asyncpg.Connection, query: str, value: int) -> bool:

@@ -1,0 +1,273 @@
+"""Planner ingestion into durable Postgres aggregates, beside the raw aiokafka consume-and-decode loop.
+
+Both read the same events from the same embedded broker and decode them with the same codec; the raw
+loop stops there, the planner folds them and commits them to Postgres (fsync on) exactly once. Run:
+
+    python -m bench.ingest_bench [--events 600000] [--runs 3] [--shape fleet|mooncake]
+
+Shapes: `fleet` is a multi-tenant fleet whose requests share system prompts, documents and templates
+(chains of 3 to 4 segments, Zipf-distributed, so leaves repeat); `mooncake` replays the chains of
+the real conversation trace in ../shared/traces (14 blocks a request, most of them unique), where
+almost every request adds new chain nodes and a new leaf row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import pstats
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
+
+from warmplane.services.planner.app import build_planner
+from warmplane.services.planner.settings import IngestSettings, PlannerSettings
+from warmplane.shared import migrate
+from warmplane.shared.codec import DecodeFailure, EventCodec
+from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres
+from warmplane.shared.event_ids import new_event_id
+from warmplane.shared.events import Event, ModelRef, PrefixMissed, ReplicaStarted, RequestObserved
+from warmplane.shared.kafka_admin import ensure_topics
+from warmplane.shared.settings import KafkaSettings, PostgresSettings
+from warmplane.shared.topics import Topics, partition_key
+
+TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "conversation_trace.jsonl"
+MODELS = (ModelRef("llama-3-8b", "r1"), ModelRef("qwen-2-7b", "r4"))
+
+
+def fleet_events(count: int, seed: int = 1) -> Iterator[Event]:
+    """A multi-tenant fleet: system prompt -> document -> template [-> question], Zipf-popular."""
+    rng = random.Random(seed)
+    start = datetime.now(UTC) - timedelta(hours=1)
+    weights = [1 / (rank + 1) ** 1.1 for rank in range(2_000)]
+    leaves = rng.choices(range(2_000), weights, k=count)
+    for i, leaf in enumerate(leaves):
+        at = start + timedelta(milliseconds=i * 3_600_000 // count)
+        tenant, model = f"tenant-{leaf % 16}", MODELS[leaf % 2]
+        system, document, template = leaf % 40, leaf % 400, leaf
+        chain = [system, 1_000 + document, 10_000 + template]
+        if leaf % 3 == 0:
+            chain.append(100_000 + rng.randrange(50))
+        tokens = [800 * (depth + 1) for depth in range(len(chain))]
+        common = dict(
+            event_id=new_event_id(), occurred_at=at, producer="gateway-0", tenant=tenant, model=model
+        )
+        if i % 20 == 19:
+            yield PrefixMissed(
+                **common, replica=f"r{leaf % 8}", chain=chain, chain_tokens=tokens, resident_depth=1
+            )
+        elif i % 1_000 == 999:
+            yield ReplicaStarted(**{**common, "tenant": ""}, replica=f"r{i % 8}", node=f"n{i % 4}")
+        else:
+            yield RequestObserved(
+                **common,
+                replica=f"r{leaf % 8}",
+                chain=chain,
+                chain_tokens=tokens,
+                prompt_tokens=tokens[-1] + 40,
+                cached_tokens=tokens[0] * (i % 2),
+                ttft_ms=20.0 + i % 50,
+            )
+
+
+def mooncake_events(count: int) -> Iterator[Event]:
+    """The conversation trace's real prefix chains (512-token blocks), repeated under new tenants."""
+    rows = [msgspec.json.decode(line) for line in TRACE.read_bytes().splitlines()]
+    start = datetime.now(UTC) - timedelta(hours=1)
+    for i in range(count):
+        row = rows[i % len(rows)]
+        chain = row["hash_ids"]
+        tokens = [min(512 * (d + 1), row["input_length"]) for d in range(len(chain))]
+        yield RequestObserved(
+            event_id=new_event_id(),
+            occurred_at=start + timedelta(milliseconds=row["timestamp"]),
+            producer="gateway-0",
+            tenant=f"tenant-{i // len(rows)}",
+            model=MODELS[0],
+            replica="r0",
+            chain=chain,
+            chain_tokens=tokens,
+            prompt_tokens=row["input_length"],
+            cached_tokens=0,
+        )
+
+
+async def publish(kafka: KafkaSettings, events: list[Event]) -> None:
+    """Publish pre-encoded events with per-partition batches, keyed as the emitter keys them."""
+    topics = Topics(kafka.topic_prefix)
+    await ensure_topics(kafka, topics.all())
+    codec = EventCodec()
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", max_batch_size=1 << 20)
+    await producer.start()
+    try:
+        partitioner = DefaultPartitioner()
+        batches: dict[tuple[str, int], object] = {}
+        pending = []
+        for event in events:
+            topic, key = topics.for_event(event), partition_key(event)
+            partition = partitioner(key, list(range(kafka.partitions)), list(range(kafka.partitions)))
+            batch = batches.get((topic, partition))
+            if batch is None:
+                batch = batches[(topic, partition)] = producer.create_batch()
+            if batch.append(key=key, value=codec.encode(event), timestamp=None) is None:  # type: ignore[attr-defined]
+                pending.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = batches[(topic, partition)] = producer.create_batch()
+                batch.append(key=key, value=codec.encode(event), timestamp=None)  # type: ignore[attr-defined]
+        for (topic, partition), batch in batches.items():
+            pending.append(await producer.send_batch(batch, topic, partition=partition))
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+
+
+async def raw_loop(kafka: KafkaSettings, total: int) -> float:
+    """Events/s of getmany + decode over every partition, from the first record to the last."""
+    topics = Topics(kafka.topic_prefix)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=kafka.bootstrap_servers, max_partition_fetch_bytes=4 << 20, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        partitions = [
+            TopicPartition(topic, p)
+            for topic in (topics.requests, topics.misses, topics.lifecycle)
+            for p in range(kafka.partitions)
+        ]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        codec, seen, bad, started = EventCodec(), 0, 0, 0.0
+        while seen < total:
+            fetched = await consumer.getmany(timeout_ms=500, max_records=5_000)
+            if not started and fetched:
+                started = time.perf_counter()
+            for records in fetched.values():
+                for record in records:
+                    bad += isinstance(codec.decode(record.value), DecodeFailure)
+                seen += len(records)
+        assert bad == 0, f"{bad} events failed to decode"
+        return total / (time.perf_counter() - started)
+    finally:
+        await consumer.stop()
+
+
+async def planner_run(settings: PlannerSettings, total: int, requests: int) -> float:
+    """Events/s of the planner, from its first counted batch until all `total` are committed."""
+    planner = build_planner(settings)
+    task = asyncio.create_task(planner.app.run())
+    counter = planner.metrics.events
+    try:
+        done = 0.0
+        first: tuple[float, float] | None = None
+        while done < total:
+            await asyncio.sleep(0.002)
+            done = sum(
+                sample.value
+                for metric in counter.collect()
+                for sample in metric.samples
+                if sample.name.endswith("_total")
+            )
+            if first is None and done:
+                first = (time.perf_counter(), done)
+        assert first is not None
+        elapsed = time.perf_counter() - first[0]
+        rate = (total - first[1]) / elapsed
+        writes = {
+            s.name.rsplit("_", 1)[-1]: s.value
+            for m in planner.metrics.batch_seconds.collect()
+            for s in m.samples
+        }
+        print(
+            f"  planner: {writes['count']:.0f} batches, {writes['sum']:.2f} s in Postgres writes of {elapsed:.2f} s"
+        )
+    finally:
+        planner.app.exit()
+        await task
+    db = await asyncpg.connect(settings.postgres.asyncpg_dsn())
+    try:
+        durable = await db.fetchval("SELECT sum(requests) FROM prefix_stats")
+        assert durable == requests, f"Postgres holds {durable} requests, expected {requests}"
+    finally:
+        await db.close()
+    return rate
+
+
+async def fresh_database(postgres: EmbeddedPostgres) -> str:
+    name = f"bench_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(postgres.asyncpg_dsn)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    dsn = postgres.asyncpg_dsn.rsplit("/", 1)[0] + f"/{name}"
+    await asyncio.to_thread(migrate.upgrade, "postgresql+asyncpg://" + dsn.split("://", 1)[1])
+    return dsn
+
+
+async def main(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as workdir, contextlib.ExitStack() as stack:
+        kafka_part = stack.enter_context(EmbeddedKafka(Path(workdir) / "kafka"))
+        postgres = stack.enter_context(EmbeddedPostgres(Path(workdir) / "pg"))
+        kafka = KafkaSettings(
+            bootstrap_servers=kafka_part.bootstrap_servers,
+            topic_prefix="bench",
+            session_timeout_ms=2_000,
+            heartbeat_interval_ms=500,
+        )
+        make = fleet_events(args.events) if args.shape == "fleet" else mooncake_events(args.events)
+        events = list(make)
+        requests = sum(isinstance(e, RequestObserved) for e in events)
+        began = time.perf_counter()
+        await publish(kafka, events)
+        print(f"published {len(events):,} {args.shape} events in {time.perf_counter() - began:.1f} s")
+        raw, ingest = [], []
+        for run in range(args.runs):
+            raw.append(await raw_loop(kafka, len(events)))
+            settings = PlannerSettings(
+                kafka=kafka,
+                postgres=PostgresSettings(url=await fresh_database(postgres)),
+                ingest=IngestSettings(
+                    group_id=f"bench-{run}-{uuid.uuid4().hex[:6]}",
+                    batch_max_records=10000,
+                    writer_queue_depth=4,
+                ),
+                metrics_port=0,
+            )
+            profiler = cProfile.Profile() if args.profile else None
+            if profiler:
+                profiler.enable()
+            ingest.append(await planner_run(settings, len(events), requests))
+            if profiler:
+                profiler.disable()
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
+            print(
+                f"run {run + 1}: raw {raw[-1]:>9,.0f} ev/s   planner {ingest[-1]:>9,.0f} ev/s   "
+                f"ratio {ingest[-1] / raw[-1]:.2f}"
+            )
+        raw_median, ingest_median = statistics.median(raw), statistics.median(ingest)
+        print(f"\nmedian of {args.runs} ({args.shape}, {len(events):,} events):")
+        print(f"  raw aiokafka getmany + decode : {raw_median:>9,.0f} events/s")
+        print(f"  planner into Postgres         : {ingest_median:>9,.0f} events/s")
+        print(f"  ratio planner / raw           : {ingest_median / raw_median:>9.2f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=600_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--shape", choices=("fleet", "mooncake"), default="fleet")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="print the planner's top N functions"
+    )
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,141 @@
+"""Migrations on real Postgres: upgrade, downgrade to nothing, upgrade again; the start-up schema check."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+
+from warmplane.shared import migrate
+from warmplane.shared.embedded import EmbeddedPostgres
+from warmplane.shared.schema_check import SchemaNotReady, head_revision, require_schema_at_head
+
+PLANNER_TABLES = {
+    "ingest_offsets",
+    "ingest_ledger",
+    "scopes",
+    "prefix_stats",
+    "miss_stats",
+    "prefix_nodes",
+    "prefix_catalog",
+    "replicas",
+    "replica_transitions",
+    "fleet_changes",
+}
+_TIMEOUT_S = 10.0
+
+
+@pytest.fixture
+async def empty_database(embedded_postgres: EmbeddedPostgres) -> AsyncIterator[str]:
+    """A fresh, un-migrated database on the session's server; its asyncpg DSN. Dropped after."""
+    name = f"wp_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(embedded_postgres.asyncpg_dsn, timeout=_TIMEOUT_S)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    yield embedded_postgres.asyncpg_dsn.rsplit("/", 1)[0] + f"/{name}"
+    admin = await asyncpg.connect(embedded_postgres.asyncpg_dsn, timeout=_TIMEOUT_S)
+    try:
+        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    return "postgresql+asyncpg://" + dsn.split("://", 1)[1]
+
+
+async def migrate_to(dsn: str, revision: str) -> None:
+    if revision == "base":
+        await asyncio.to_thread(migrate.downgrade, sqlalchemy_url(dsn), revision)
+    else:
+        await asyncio.to_thread(migrate.upgrade, sqlalchemy_url(dsn), revision)
+
+
+async def relations(db: asyncpg.Connection) -> set[str]:
+    """Every table, index, sequence and view in the public schema."""
+    rows = await db.fetch(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = 'public' AND c.relkind IN ('r', 'i', 'S', 'v', 'm', 'p')"
+    )
+    return {row["relname"] for row in rows}
+
+
+async def columns(db: asyncpg.Connection) -> list[tuple[str, ...]]:
+    rows = await db.fetch(
+        "SELECT table_name, column_name, data_type, is_nullable, coalesce(column_default, '')"
+        " FROM information_schema.columns WHERE table_schema = 'public' ORDER BY 1, 2"
+    )
+    return [tuple(row) for row in rows]
+
+
+async def test_upgrade_downgrade_upgrade(empty_database: str) -> None:
+    db = await asyncpg.connect(empty_database, timeout=_TIMEOUT_S)
+    try:
+        assert await relations(db) == set()
+
+        await migrate_to(empty_database, "head")
+        first = await relations(db)
+        assert first >= PLANNER_TABLES | {"alembic_version"}
+        assert await db.fetchval("SELECT version_num FROM alembic_version") == head_revision()
+        first_columns = await columns(db)
+
+        await migrate_to(empty_database, "base")
+        assert await relations(db) == {"alembic_version", "alembic_version_pkc"}
+        assert await db.fetchval("SELECT count(*) FROM alembic_version") == 0
+
+        await migrate_to(empty_database, "head")
+        assert await relations(db) == first
+        assert await columns(db) == first_columns
+        assert await db.fetchval("SELECT version_num FROM alembic_version") == head_revision()
+    finally:
+        await db.close()
+
+
+async def test_a_migrated_database_accepts_the_planner_rows(empty_database: str) -> None:
+    """Smoke the constraints the store relies on: identity scope ids, upsert keys, the state check."""
+    await migrate_to(empty_database, "head")
+    db = await asyncpg.connect(empty_database, timeout=_TIMEOUT_S)
+    try:
+        scope_id = await db.fetchval(
+            "INSERT INTO scopes (tenant, model, prompt_rev) VALUES ('acme', 'm', '') RETURNING scope_id"
+        )
+        await db.execute(
+            "INSERT INTO prefix_stats (scope_id, prefix_id, bucket, requests) VALUES ($1, $2, 1, 1)",
+            scope_id,
+            -(2**63),
+        )
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await db.execute(
+                "INSERT INTO prefix_stats (scope_id, prefix_id, bucket) VALUES ($1, $2, 1)",
+                scope_id,
+                -(2**63),
+            )
+        with pytest.raises(asyncpg.CheckViolationError):
+            await db.execute(
+                "INSERT INTO replicas (replica_id, node, model, model_revision, endpoint, state, state_since,"
+                " last_event_id) VALUES ('r', 'n', 'm', '', '', 'confused', now(), $1)",
+                uuid.uuid4(),
+            )
+    finally:
+        await db.close()
+
+
+async def test_schema_check_refuses_a_database_not_at_head(empty_database: str) -> None:
+    pool = await asyncpg.create_pool(empty_database, min_size=1, max_size=1, timeout=_TIMEOUT_S)
+    try:
+        with pytest.raises(SchemaNotReady, match=f"at nothing, this planner needs {head_revision()}"):
+            await require_schema_at_head(pool)
+
+        await migrate_to(empty_database, "head")
+        await require_schema_at_head(pool)
+
+        await migrate_to(empty_database, "base")
+        with pytest.raises(SchemaNotReady, match="warmplane migrate"):
+            await require_schema_at_head(pool)
+    finally:
+        await pool.close()

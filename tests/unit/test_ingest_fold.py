@@ -1,0 +1,303 @@
+"""The pure fold of a batch into deltas, and the bounded cache of chain nodes known to be stored."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import astuple
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from warmplane.services.planner.core.ingest_batch import (
+    ChainEdge,
+    MissCounts,
+    NodeKey,
+    Scope,
+    fold_events,
+    new_only,
+)
+from warmplane.services.planner.core.node_cache import NodeCache
+from warmplane.shared.events import (
+    DeployStarted,
+    Event,
+    ModelRef,
+    PrefixMissed,
+    PrefixPayload,
+    ReplicaBecameReady,
+    RequestObserved,
+    WarmProgressed,
+)
+from warmplane.shared.prefix_chain import Namespace, chain_from_segments
+
+MODEL = ModelRef("llama", "rev-1")
+BASE = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+SEGMENT_TOKENS = {b"a": 1, b"b": 2, b"c": 5}
+"""Each segment's own token count: a node's cumulative count is then a function of its path."""
+
+scopes = st.tuples(st.sampled_from(["acme", "globex"]), st.just(MODEL.name), st.sampled_from(["", "v2"]))
+paths = st.lists(st.sampled_from(sorted(SEGMENT_TOKENS)), min_size=1, max_size=4)
+times = st.builds(
+    lambda seconds, micros: BASE + timedelta(seconds=seconds, microseconds=micros),
+    st.integers(0, 600),
+    st.integers(0, 999_999),
+)
+
+
+def chain_of(scope: Scope, path: Sequence[bytes]) -> tuple[list[int], list[int]]:
+    """Real chain ids over `path`: every id then determines its parent, depth and tokens."""
+    chain = chain_from_segments(Namespace(*scope), path, [SEGMENT_TOKENS[s] for s in path])
+    return list(chain.ids), list(chain.tokens)
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> RequestObserved:
+    scope = draw(scopes)
+    chain, tokens = chain_of(scope, draw(paths))
+    prompt_tokens = tokens[-1] + draw(st.integers(0, 50))
+    return RequestObserved(
+        event_id=uuid.uuid4(),
+        occurred_at=draw(times),
+        producer="test",
+        tenant=scope[0],
+        model=MODEL,
+        prompt_rev=scope[2],
+        replica="r0",
+        chain=chain,
+        chain_tokens=tokens,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=draw(st.sampled_from([0, 0, min(tokens[0], prompt_tokens), prompt_tokens])),
+        ttft_ms=draw(st.none() | st.floats(0, 5_000)),
+    )
+
+
+@st.composite
+def misses(draw: st.DrawFn) -> PrefixMissed:
+    scope = draw(scopes)
+    chain, tokens = chain_of(scope, draw(paths))
+    return PrefixMissed(
+        event_id=uuid.uuid4(),
+        occurred_at=draw(times),
+        producer="test",
+        tenant=scope[0],
+        model=MODEL,
+        prompt_rev=scope[2],
+        replica="r0",
+        chain=chain,
+        chain_tokens=tokens,
+        resident_depth=draw(st.integers(0, len(chain) + 1)),
+        cached_tokens=draw(st.integers(0, tokens[-1] + 10)),
+    )
+
+
+def scope_of(event: RequestObserved | PrefixMissed) -> Scope:
+    return (event.tenant, event.model.name, event.prompt_rev)
+
+
+def epoch_seconds(at: datetime) -> int:
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(seconds=1)
+
+
+@settings(max_examples=200)
+@given(st.lists(requests(), max_size=30), st.sampled_from([1, 7, 60, 3600]))
+def test_request_counts_are_sums_per_scope_leaf_and_bucket(
+    events: list[RequestObserved], bucket_seconds: int
+) -> None:
+    expected: dict[tuple[Scope, int, int], list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0, 0])
+    for event in events:
+        sums = expected[
+            (scope_of(event), event.chain[-1], epoch_seconds(event.occurred_at) // bucket_seconds)
+        ]
+        sums[0] += 1
+        sums[1] += event.cached_tokens == 0
+        sums[2] += event.prompt_tokens
+        sums[3] += event.cached_tokens
+        sums[4] += event.ttft_ms or 0.0
+        sums[5] += event.ttft_ms is not None
+
+    batch = fold_events(events, bucket_seconds=bucket_seconds, stored_nodes=set())
+
+    assert batch.request_counts.keys() == expected.keys()
+    for key, counts in batch.request_counts.items():
+        assert list(astuple(counts)) == pytest.approx(expected[key])
+    assert batch.miss_counts == {}
+    assert batch.scopes() == {scope_of(event) for event in events}
+
+
+def test_buckets_are_occurred_at_seconds_floor_divided_by_the_width() -> None:
+    leaf = chain_of(("acme", MODEL.name, ""), [b"a"])[0][-1]
+    at = [datetime.fromtimestamp(s, UTC) for s in (119.999, 120.0, 179.5, 180.0)]
+    events = [_request_at(moment) for moment in at]
+    batch = fold_events(events, bucket_seconds=60, stored_nodes=set())
+    scope = ("acme", MODEL.name, "")
+    assert {key: counts.requests for key, counts in batch.request_counts.items()} == {
+        (scope, leaf, 1): 1,
+        (scope, leaf, 2): 2,
+        (scope, leaf, 3): 1,
+    }
+
+
+def _request_at(at: datetime, **changes: object) -> RequestObserved:
+    chain, tokens = chain_of(("acme", MODEL.name, ""), [b"a"])
+    fields: dict[str, object] = dict(
+        event_id=uuid.uuid4(),
+        occurred_at=at,
+        producer="test",
+        tenant="acme",
+        model=MODEL,
+        replica="r0",
+        chain=chain,
+        chain_tokens=tokens,
+        prompt_tokens=tokens[-1],
+    )
+    fields.update(changes)
+    return RequestObserved(**fields)  # type: ignore[arg-type]
+
+
+def expected_edges(events: Sequence[RequestObserved], stored: set[NodeKey]) -> dict[NodeKey, ChainEdge]:
+    """Per chain, the nodes below its deepest stored node; each with the first event that carried it.
+
+    A chain that ends at an ancestor of a stored node, without passing through it, re-emits the
+    ancestor: the fold cannot know it is stored, and the write is a no-op.
+    """
+    edges: dict[NodeKey, ChainEdge] = {}
+    for event in events:
+        scope = scope_of(event)
+        stored_depths = [d for d, prefix_id in enumerate(event.chain) if (scope, prefix_id) in stored]
+        for depth in range(max(stored_depths, default=-1) + 1, len(event.chain)):
+            parent = event.chain[depth - 1] if depth else None
+            edge = ChainEdge(parent, depth, event.chain_tokens[depth], event.occurred_at)
+            edges.setdefault((scope, event.chain[depth]), edge)
+    return edges
+
+
+@settings(max_examples=200)
+@given(st.lists(requests(), min_size=1, max_size=20), st.data())
+def test_edges_have_right_parents_and_skip_stored_nodes_and_their_ancestors(
+    events: list[RequestObserved], data: st.DataObject
+) -> None:
+    every_node = sorted({(scope_of(e), prefix_id) for e in events for prefix_id in e.chain})
+    stored = data.draw(st.sets(st.sampled_from(every_node)), label="stored")
+
+    batch = fold_events(events, bucket_seconds=60, stored_nodes=stored)
+
+    assert batch.edges == expected_edges(events, stored)
+    assert not batch.edges.keys() & stored
+    parents = {
+        (scope_of(e), p): (e.chain[d - 1] if d else None) for e in events for d, p in enumerate(e.chain)
+    }
+    assert all(edge.parent_id == parents[node] for node, edge in batch.edges.items())
+
+
+def test_edges_of_a_fresh_chain_run_from_its_root() -> None:
+    scope = ("acme", MODEL.name, "")
+    chain, tokens = chain_of(scope, [b"a", b"b", b"c"])
+    event = _request_at(BASE, chain=chain, chain_tokens=tokens, prompt_tokens=tokens[-1])
+    batch = fold_events([event], bucket_seconds=60, stored_nodes={(scope, chain[0])})
+    assert batch.edges == {
+        (scope, chain[1]): ChainEdge(chain[0], 1, 3, BASE),
+        (scope, chain[2]): ChainEdge(chain[1], 2, 8, BASE),
+    }
+    root_too = fold_events([event], bucket_seconds=60, stored_nodes=set())
+    assert root_too.edges[(scope, chain[0])] == ChainEdge(None, 0, 1, BASE)
+
+
+def test_a_payload_is_catalogued_with_the_tokens_of_its_prefix() -> None:
+    scope = ("acme", MODEL.name, "")
+    chain, tokens = chain_of(scope, [b"a", b"b", b"c"])
+    payload = PrefixPayload(prefix_id=chain[1], messages=[{"role": "system", "content": "hi"}])
+    event = _request_at(BASE, chain=chain, chain_tokens=tokens, prompt_tokens=9, payload=payload)
+    entry = fold_events([event], bucket_seconds=60, stored_nodes=set()).catalog[(scope, chain[1])]
+    assert (entry.payload, entry.tokens, entry.seen_at) == (payload, 3, BASE)
+
+
+@settings(max_examples=200)
+@given(st.lists(misses(), max_size=30))
+def test_misses_are_keyed_by_the_first_non_resident_element(events: list[PrefixMissed]) -> None:
+    expected: dict[tuple[Scope, int, int], MissCounts] = defaultdict(MissCounts)
+    for event in events:
+        first_missing = event.chain[min(event.resident_depth, len(event.chain) - 1)]
+        counts = expected[(scope_of(event), first_missing, epoch_seconds(event.occurred_at) // 60)]
+        counts.misses += 1
+        counts.missed_tokens += max(0, event.chain_tokens[-1] - event.cached_tokens)
+
+    batch = fold_events(events, bucket_seconds=60, stored_nodes=set())
+
+    assert batch.miss_counts == expected
+    assert batch.request_counts == {} and batch.edges == {}
+
+
+def test_a_miss_example() -> None:
+    scope = ("acme", MODEL.name, "")
+    chain, tokens = chain_of(scope, [b"a", b"b", b"c"])
+    miss = PrefixMissed(
+        event_id=uuid.uuid4(), occurred_at=BASE, producer="t", tenant="acme", model=MODEL, replica="r",
+        chain=chain, chain_tokens=tokens, resident_depth=1, cached_tokens=1,
+    )  # fmt: skip
+    bucket = epoch_seconds(BASE) // 60
+    assert fold_events([miss], bucket_seconds=60, stored_nodes=set()).miss_counts == {
+        (scope, chain[1], bucket): MissCounts(misses=1, missed_tokens=7)
+    }
+
+
+def test_other_events_are_routed_or_ignored() -> None:
+    ready = ReplicaBecameReady(
+        event_id=uuid.uuid4(), occurred_at=BASE, producer="w", model=MODEL, replica="r", node="n"
+    )
+    deploy = DeployStarted(event_id=uuid.uuid4(), occurred_at=BASE, producer="ci", model=MODEL)
+    progress = WarmProgressed(
+        event_id=uuid.uuid4(), occurred_at=BASE, producer="w", model=MODEL, plan_id=uuid.uuid4(),
+        replica="r", items_done=1, items_total=2,
+    )  # fmt: skip
+    batch = fold_events([ready, deploy, progress], bucket_seconds=60, stored_nodes=set())
+    assert batch.replica_events == [ready]
+    assert batch.fleet_changes == [deploy]
+    assert batch.ignored == 1
+    assert batch.request_counts == {} and batch.scopes() == set()
+
+
+@settings(max_examples=200)
+@given(st.lists(st.integers(0, 5), max_size=20), st.sets(st.integers(0, 5)))
+def test_new_only_keeps_the_first_event_of_each_new_id(picks: list[int], new: set[int]) -> None:
+    ids = [uuid.UUID(int=i) for i in range(6)]
+    events: list[Event] = [_request_at(BASE, event_id=ids[pick]) for pick in picks]
+    new_ids = {ids[i] for i in new}
+
+    kept = new_only(events, new_ids)
+
+    firsts = [e for index, e in enumerate(events) if e.event_id not in {x.event_id for x in events[:index]}]
+    assert [id(e) for e in kept] == [id(e) for e in firsts if e.event_id in new_ids]
+
+
+def test_node_cache_rejects_a_capacity_below_two() -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        NodeCache(1)
+
+
+@settings(max_examples=200)
+@given(st.integers(2, 16), st.lists(st.lists(st.integers(0, 40), max_size=10), max_size=20))
+def test_node_cache_keeps_the_most_recent_half_and_stays_bounded(
+    capacity: int, batches: list[list[int]]
+) -> None:
+    cache = NodeCache(capacity)
+    recency: list[NodeKey] = []
+    for numbers in batches:
+        nodes: list[NodeKey] = [(("acme", "m", ""), n) for n in numbers]
+        cache.add_all(nodes)
+        for node in nodes:
+            if node in recency:
+                recency.remove(node)
+            recency.append(node)
+        assert len(cache) <= capacity
+        assert all(node in cache for node in recency[-(capacity // 2) :])
+
+
+def test_node_cache_forgets_the_old_generation_eventually() -> None:
+    cache = NodeCache(10)
+    cache.add_all((("acme", "m", ""), n) for n in range(100))
+    assert len(cache) < 10
+    assert (("acme", "m", ""), 0) not in cache
+    assert (("acme", "m", ""), 99) in cache

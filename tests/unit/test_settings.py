@@ -1,0 +1,125 @@
+"""Settings from the environment: one `WARMPLANE_` prefix, `__` nesting, fail-fast errors, hidden secrets."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from pydantic import SecretStr
+
+from warmplane.services.planner.settings import PlannerSettings
+from warmplane.shared.settings import PostgresSettings, SettingsError, load_settings
+
+PASSWORD = "hunter2-s3cret"
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start each test from an environment without any `WARMPLANE_` variable."""
+    for name in list(os.environ):
+        if name.upper().startswith("WARMPLANE_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults_load_without_any_variable() -> None:
+    settings = load_settings(PlannerSettings)
+    assert settings == PlannerSettings()
+    assert settings.kafka.bootstrap_servers == "127.0.0.1:9092"
+    assert settings.ingest.bucket_seconds == 60
+
+
+def test_nested_variables_use_the_prefix_and_double_underscores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMPLANE_KAFKA__BOOTSTRAP_SERVERS", "kafka-0:9092,kafka-1:9092")
+    monkeypatch.setenv("WARMPLANE_KAFKA__PARTITIONS", "12")
+    monkeypatch.setenv("WARMPLANE_POSTGRES__URL", f"postgresql://app:{PASSWORD}@db:5432/warmplane")
+    monkeypatch.setenv("WARMPLANE_INGEST__BUCKET_SECONDS", "300")
+    monkeypatch.setenv("WARMPLANE_INGEST__GROUP_ID", "planner-eu")
+    monkeypatch.setenv("WARMPLANE_METRICS_PORT", "0")
+    monkeypatch.setenv("WARMPLANE_LOG_LEVEL", "DEBUG")
+    monkeypatch.setenv("KAFKA__PARTITIONS", "99")  # no prefix: not ours
+
+    settings = load_settings(PlannerSettings)
+
+    assert settings.kafka.bootstrap_servers == "kafka-0:9092,kafka-1:9092"
+    assert settings.kafka.partitions == 12
+    assert settings.postgres.asyncpg_dsn() == f"postgresql://app:{PASSWORD}@db:5432/warmplane"
+    assert settings.postgres.sqlalchemy_url() == f"postgresql+asyncpg://app:{PASSWORD}@db:5432/warmplane"
+    assert (settings.ingest.bucket_seconds, settings.ingest.group_id) == (300, "planner-eu")
+    assert (settings.metrics_port, settings.log_level) == (0, "DEBUG")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("WARMPLANE_KAFKA__BOOTSTRAP_SERVERS", "nope"),
+        ("WARMPLANE_KAFKA__BOOTSTRAP_SERVERS", "kafka-0:9092,kafka-1"),
+        ("WARMPLANE_KAFKA__PARTITIONS", "0"),
+        ("WARMPLANE_KAFKA__TOPIC_PREFIX", "has space"),
+        ("WARMPLANE_INGEST__BUCKET_SECONDS", "0"),
+        ("WARMPLANE_INGEST__BUCKET_SECONDS", "86401"),
+        ("WARMPLANE_INGEST__BUCKET_SECONDS", "a minute"),
+        ("WARMPLANE_INGEST__NODE_CACHE_SIZE", "1"),
+        ("WARMPLANE_POSTGRES__URL", "mysql://db/warmplane"),
+        ("WARMPLANE_METRICS_PORT", "70000"),
+        ("WARMPLANE_LOG_LEVEL", "CHATTY"),
+    ],
+)
+def test_a_bad_value_fails_fast_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as raised:
+        load_settings(PlannerSettings)
+    assert isinstance(raised.value, SystemExit)
+    assert f"  {variable}: " in str(raised.value)
+
+
+def test_every_bad_variable_is_named_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMPLANE_KAFKA__BOOTSTRAP_SERVERS", "nope")
+    monkeypatch.setenv("WARMPLANE_INGEST__BUCKET_SECONDS", "0")
+    with pytest.raises(SettingsError) as raised:
+        load_settings(PlannerSettings)
+    lines = str(raised.value).splitlines()
+    assert lines[0] == "invalid settings:"
+    assert [line.split(":")[0].strip() for line in lines[1:]] == [
+        "WARMPLANE_KAFKA__BOOTSTRAP_SERVERS",
+        "WARMPLANE_INGEST__BUCKET_SECONDS",
+    ]
+
+
+def test_an_unparsable_section_fails_fast_naming_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMPLANE_KAFKA", "{not json")
+    with pytest.raises(SettingsError, match="WARMPLANE_KAFKA"):
+        load_settings(PlannerSettings)
+
+
+def test_secret_urls_never_print(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMPLANE_POSTGRES__URL", f"postgresql://app:{PASSWORD}@db/warmplane")
+    monkeypatch.setenv("WARMPLANE_REDIS__URL", f"redis://:{PASSWORD}@cache:6379/0")
+    settings = load_settings(PlannerSettings)
+    for text in (repr(settings), str(settings), repr(settings.postgres), str(settings.postgres.url)):
+        assert PASSWORD not in text
+        assert "db/warmplane" not in text and "cache:6379" not in text
+    assert "**********" in repr(settings)
+    assert PASSWORD in settings.redis.url.get_secret_value()
+
+
+def test_a_bad_secret_url_is_named_without_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMPLANE_POSTGRES__URL", f"mysql://app:{PASSWORD}@db/warmplane")
+    with pytest.raises(SettingsError) as raised:
+        load_settings(PlannerSettings)
+    assert "WARMPLANE_POSTGRES__URL" in str(raised.value)
+    assert PASSWORD not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "asyncpg", "sqlalchemy"),
+    [
+        ("postgresql://u@h/d", "postgresql://u@h/d", "postgresql+asyncpg://u@h/d"),
+        ("postgresql+asyncpg://u@h/d", "postgresql://u@h/d", "postgresql+asyncpg://u@h/d"),
+        ("postgres://u@h/d", "postgres://u@h/d", "postgresql+asyncpg://u@h/d"),
+    ],
+)
+def test_postgres_url_forms(url: str, asyncpg: str, sqlalchemy: str) -> None:
+    settings = PostgresSettings(url=SecretStr(url))
+    assert (settings.asyncpg_dsn(), settings.sqlalchemy_url()) == (asyncpg, sqlalchemy)
