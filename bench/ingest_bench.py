@@ -189,7 +189,8 @@ async def planner_run(settings: PlannerSettings, total: int, requests: int) -> f
             for s in m.samples
         }
         print(
-            f"  planner: {writes['count']:.0f} batches, {writes['sum']:.2f} s in Postgres writes of {elapsed:.2f} s"
+            f"  planner: {writes['count']:.0f} batches,"
+            f" {writes['sum']:.2f} s in Postgres writes of {elapsed:.2f} s"
         )
     finally:
         planner.app.exit()

@@ -4,11 +4,38 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
 
-from warmplane.services.planner.ingestor import DeadLetter
 from warmplane.shared.topics import DeadLetterHeaders
+
+
+class RawRecord(Protocol):
+    """The parts of a consumed record the pipeline reads (aiokafka's ConsumerRecord has them)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    record: RawRecord
+    reason: str
+
+
+class DeadLetterSink(Protocol):
+    async def send_all(self, letters: Sequence[DeadLetter]) -> None:
+        """Publish every letter and return once the broker has acknowledged all of them."""
 
 
 class KafkaDeadLetterSink:
@@ -40,3 +67,19 @@ class KafkaDeadLetterSink:
             for letter in letters
         ]
         await asyncio.wait_for(asyncio.gather(*pending), self._timeout_s)
+
+
+def reason_class(reason: str) -> str:
+    """A bounded label for a free-text reason (metric label values must not explode)."""
+    for prefix, label in (
+        ("schema_version", "future_schema"),
+        ("unknown event type", "unknown_type"),
+        ("message of", "oversized"),
+        ("payload of", "oversized_payload"),
+        ("not a JSON", "malformed"),
+        ("empty message", "empty"),
+        ("rejected by Postgres", "unstorable"),
+    ):
+        if reason.startswith(prefix):
+            return label
+    return "invalid"

@@ -26,6 +26,7 @@ import msgspec
 from warmplane.services.planner.core.ingest_batch import IngestBatch, fold_events
 from warmplane.services.planner.core.node_cache import NodeCache
 from warmplane.services.planner.core.recent_ids import RecentIds
+from warmplane.services.planner.dead_letters import DeadLetter, DeadLetterSink, RawRecord, reason_class
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_store import Fenced, PartitionSlice, PgIngestStore, event_type
 from warmplane.shared.codec import DecodeFailure, EventCodec
@@ -37,32 +38,6 @@ _YIELD_EVERY = 512
 Partition = tuple[str, int]
 Offsets = dict[Partition, int]
 """(topic, partition) -> the next offset to consume, i.e. the last processed offset + 1."""
-
-
-class RawRecord(Protocol):
-    """The parts of a consumed record the pipeline reads (aiokafka's ConsumerRecord has them)."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    record: RawRecord
-    reason: str
-
-
-class DeadLetterSink(Protocol):
-    async def send_all(self, letters: Sequence[DeadLetter]) -> None:
-        """Publish every letter and return once the broker has acknowledged all of them."""
 
 
 class ConsumerPort(Protocol):
@@ -141,7 +116,7 @@ class Ingestor:
             self._submitted.pop(partition, None)
             if partition in stored:
                 next_offset, ids = stored[partition]
-                window.extend(ids)
+                window.extend(event_id.int for event_id in ids)
                 self._submitted[partition] = next_offset
         return {partition: stored[partition][0] for partition in stored}
 
@@ -157,6 +132,7 @@ class Ingestor:
         work = _Work(consumer)
         decode = self._codec.decode
         windows = self._windows
+        max_payload = self._max_payload_bytes
         for index, record in enumerate(records):
             if index % _YIELD_EVERY == _YIELD_EVERY - 1:
                 # Let the writer's database replies in: decoding a whole batch at once would stall
@@ -179,12 +155,12 @@ class Ingestor:
             decoded = decode(record.value)
             if isinstance(decoded, DecodeFailure):
                 work.letters.append(DeadLetter(record, decoded.reason))
-            elif (too_big := self._oversized_payload(decoded, record)) is not None:
+            elif len(record.value or b"") > max_payload and (too_big := self._oversized_payload(decoded)):
                 work.letters.append(DeadLetter(record, too_big))
-            elif decoded.event_id in window:
+            elif (key := decoded.event_id.int) in window:  # an int hashes in C; a UUID in Python
                 work.duplicates += 1
             else:
-                window.add(decoded.event_id)
+                window.add(key)
                 counted.event_ids.append(decoded.event_id)
                 work.events.append(decoded)
                 work.records.append(record)
@@ -199,10 +175,8 @@ class Ingestor:
             if partition not in self._windows:  # delivered without an assignment callback
                 await self.restore([partition])
 
-    def _oversized_payload(self, event: Event, record: RawRecord) -> str | None:
-        """Why the event's catalog payload is refused, if it is; cheap for messages under the cap."""
-        if record.value is None or len(record.value) <= self._max_payload_bytes:
-            return None
+    def _oversized_payload(self, event: Event) -> str | None:
+        """Why the event's catalog payload is refused, if it is (called for messages over the cap)."""
         payload = getattr(event, "payload", None)
         size = len(msgspec.json.encode(payload)) if payload is not None else 0
         if size <= self._max_payload_bytes:
@@ -264,7 +238,7 @@ class Ingestor:
         if letters:
             await self._dead_letters.send_all(letters)
             for letter in letters:
-                self._metrics.dead_lettered.labels(reason=_reason_class(letter.reason)).inc()
+                self._metrics.dead_lettered.labels(reason=reason_class(letter.reason)).inc()
 
     async def _without_unstorable(self, work: _Work) -> IngestBatch:
         """Dead-letter the events Postgres refuses (a value it cannot store, such as a NUL inside a
@@ -292,19 +266,3 @@ class Ingestor:
 
     def _fold(self, events: list[Event]) -> IngestBatch:
         return fold_events(events, bucket_seconds=self._bucket_seconds, stored_nodes=self._nodes)
-
-
-def _reason_class(reason: str) -> str:
-    """A bounded label for a free-text reason (metric label values must not explode)."""
-    for prefix, label in (
-        ("schema_version", "future_schema"),
-        ("unknown event type", "unknown_type"),
-        ("message of", "oversized"),
-        ("payload of", "oversized_payload"),
-        ("not a JSON", "malformed"),
-        ("empty message", "empty"),
-        ("rejected by Postgres", "unstorable"),
-    ):
-        if reason.startswith(prefix):
-            return label
-    return "invalid"

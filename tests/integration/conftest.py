@@ -1,14 +1,17 @@
 """Integration harness: real Kafka (Tansu), PostgreSQL 18 and Redis, one of each per test session.
 
-Each fixture starts its part lazily, the first time a test asks for it, in a folder under the session's
-``tmp_path_factory``; the ``with`` block guarantees the part is stopped at session end even when tests
-fail. Tests that stop or kill a part must start their own instance instead of using these fixtures.
+Each fixture starts its part lazily, the first time a test asks for it, in a temporary folder of its
+own (not pytest's ``tmp_path_factory``, whose clean-up of old sessions would delete the data of a
+concurrently running session); the ``with`` block guarantees the part is stopped at session end even
+when tests fail. Tests that stop or kill a part must start their own instance instead.
 Every test collected under this folder is marked ``integration``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -35,24 +38,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
 
 
+@contextlib.contextmanager
+def _workdir(part: str) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix=f"warmplane-test-{part}-") as folder:
+        yield Path(folder)
+
+
 @pytest.fixture(scope="session")
-def embedded_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedKafka]:
+def embedded_kafka() -> Iterator[EmbeddedKafka]:
     """A running in-memory Tansu broker shared by the session."""
-    with EmbeddedKafka(tmp_path_factory.mktemp("kafka")) as kafka:
+    with _workdir("kafka") as workdir, EmbeddedKafka(workdir) as kafka:
         yield kafka
 
 
 @pytest.fixture(scope="session")
-def embedded_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+def embedded_postgres() -> Iterator[EmbeddedPostgres]:
     """A running PostgreSQL 18 server with database ``warmplane``, shared by the session."""
-    with EmbeddedPostgres(tmp_path_factory.mktemp("postgres")) as postgres:
+    with _workdir("postgres") as workdir, EmbeddedPostgres(workdir) as postgres:
         yield postgres
 
 
 @pytest.fixture(scope="session")
-def embedded_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+def embedded_redis() -> Iterator[EmbeddedRedis]:
     """A running Redis server (no persistence) shared by the session."""
-    with EmbeddedRedis(tmp_path_factory.mktemp("redis")) as redis:
+    with _workdir("redis") as workdir, EmbeddedRedis(workdir) as redis:
         yield redis
 
 

@@ -13,14 +13,14 @@ from collections.abc import Iterable
 
 
 class RecentIds:
-    """The last `capacity` ids added, oldest forgotten first."""
+    """The last `capacity` ids added (as the 128-bit integers of the UUIDs), oldest forgotten first."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
-        self._order: deque[uuid.UUID] = deque()
-        self._ids: set[uuid.UUID] = set()
+        self._order: deque[int] = deque()
+        self._ids: set[int] = set()
 
     def __contains__(self, event_id: object) -> bool:
         return event_id in self._ids
@@ -28,14 +28,14 @@ class RecentIds:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def add(self, event_id: uuid.UUID) -> None:
+    def add(self, event_id: int) -> None:
         """Remember `event_id` (the caller checked it is not already in the window)."""
         self._ids.add(event_id)
         self._order.append(event_id)
         if len(self._order) > self.capacity:
             self._ids.discard(self._order.popleft())
 
-    def extend(self, event_ids: Iterable[uuid.UUID]) -> None:
+    def extend(self, event_ids: Iterable[int]) -> None:
         for event_id in event_ids:
             if event_id not in self._ids:
                 self.add(event_id)

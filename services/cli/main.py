@@ -1,0 +1,61 @@
+"""`warmplane`: the command line.
+
+warmplane up [--trace FILE] [--limit N]   the main job on embedded defaults (no settings needed)
+warmplane migrate                         migrate WARMPLANE_POSTGRES__URL to the newest schema
+warmplane planner                         run the planner from WARMPLANE_* settings
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from warmplane.services.cli.up import DEFAULT_TRACE, UpOptions, run_up
+from warmplane.shared import migrate
+from warmplane.shared.settings import WarmplaneSettings, load_settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="warmplane", description="Warm-up control plane for vLLM fleets.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="run the main job on embedded defaults and print a summary")
+    up.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="a Mooncake JSONL trace to replay")
+    up.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    up.add_argument(
+        "--workdir", type=Path, default=None, help="keep the parts' data here (default: a temp dir)"
+    )
+    up.add_argument("--keep-running", action="store_true", help="keep everything running until Ctrl-C")
+    up.add_argument("--verbose", action="store_true", help="log what the services do")
+    commands.add_parser("migrate", help="migrate WARMPLANE_POSTGRES__URL to the newest schema")
+    commands.add_parser("planner", help="run the planner from WARMPLANE_* settings")
+    args = parser.parse_args(argv)
+
+    if args.command == "up":
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+        if not args.verbose:
+            logging.getLogger("faststream").setLevel(logging.WARNING)
+        options = UpOptions(args.trace, args.limit, args.workdir, args.keep_running)
+        try:
+            asyncio.run(run_up(options, sys.stdout))
+        except FileNotFoundError as exc:
+            print(f"warmplane up: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+        return 0
+    if args.command == "migrate":
+        settings = load_settings(WarmplaneSettings)
+        migrate.upgrade(settings.postgres.sqlalchemy_url())
+        print("database is at the newest schema")
+        return 0
+    from warmplane.services.planner.__main__ import main as planner_main  # noqa: PLC0415
+
+    planner_main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

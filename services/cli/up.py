@@ -1,0 +1,169 @@
+"""`warmplane up`: the main job on its embedded defaults, from nothing to a summary.
+
+It starts the broker, Postgres and Redis from their wheels, migrates, runs the planner, replays a
+recorded trace as request events through the emitter SDK (as serving nodes would publish them), waits
+until the planner has counted every one durably, and prints what it learned: the prefixes worth
+warming. Everything it started is stopped on the way out, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TextIO
+
+import asyncpg
+from pydantic import SecretStr
+
+from warmplane.services.cli.progress import Progress
+from warmplane.services.planner.app import Planner, build_planner
+from warmplane.services.planner.settings import IngestSettings, PlannerSettings
+from warmplane.shared import migrate
+from warmplane.shared.embedded import EmbeddedStack
+from warmplane.shared.emitter import Emitter
+from warmplane.shared.events import ModelRef, RequestObserved
+from warmplane.shared.mooncake_trace import read_trace, request_event
+from warmplane.shared.settings import EmitterSettings, KafkaSettings, PostgresSettings
+from warmplane.shared.topics import Topics
+
+DEFAULT_TRACE = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "conversation_trace.jsonl"
+MODEL = ModelRef("trace-model", "rev-1")
+REPLICAS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class UpOptions:
+    trace: Path
+    limit: int | None
+    workdir: Path | None
+    keep_running: bool
+    top: int = 10
+
+
+async def run_up(options: UpOptions, out: TextIO) -> None:
+    """Run the main job; raise `FileNotFoundError` if the trace is missing."""
+    trace = options.trace.resolve()
+    if not trace.is_file():
+        raise FileNotFoundError(f"no trace at {trace}: pass one with --trace")
+    with contextlib.ExitStack() as exits:
+        workdir = options.workdir or Path(
+            exits.enter_context(tempfile.TemporaryDirectory(prefix="warmplane-"))
+        )
+        began = time.perf_counter()
+        stack = exits.enter_context(EmbeddedStack(workdir))
+        out.write(
+            f"started in {time.perf_counter() - began:.1f} s: Kafka-protocol broker "
+            f"{stack.kafka.bootstrap_servers}, PostgreSQL 18 {stack.postgres.dsn}, Redis {stack.redis.url}\n"
+        )
+        await asyncio.to_thread(migrate.upgrade, stack.postgres.sqlalchemy_url)
+        kafka = KafkaSettings(
+            bootstrap_servers=stack.kafka.bootstrap_servers,
+            session_timeout_ms=2_000,
+            heartbeat_interval_ms=500,
+        )
+        settings = PlannerSettings(
+            kafka=kafka,
+            postgres=PostgresSettings(url=SecretStr(stack.postgres.asyncpg_dsn)),
+            ingest=IngestSettings(),
+            metrics_port=0,
+        )
+        planner = build_planner(settings)
+        task = asyncio.create_task(planner.app.run())
+        try:
+            emitted, seconds = await _replay(trace, options.limit, kafka, planner, out)
+            await _summarise(stack.postgres.asyncpg_dsn, emitted, seconds, options.top, out)
+            if options.keep_running:
+                out.write("running; Ctrl-C stops everything\n")
+                await asyncio.Event().wait()
+        finally:
+            planner.app.exit()
+            await asyncio.wait_for(task, 30)
+
+
+async def _replay(
+    trace: Path, limit: int | None, kafka: KafkaSettings, planner: Planner, out: TextIO
+) -> tuple[int, float]:
+    """Emit the trace's requests, then wait for the planner to count them; (emitted, seconds)."""
+    requests = list(read_trace(trace, limit))
+    span_ms = requests[-1].timestamp if requests else 0
+    start = datetime.now(UTC) - timedelta(milliseconds=span_ms)
+    progress = Progress(out, total=len(requests), label="replayed / counted")
+    began = time.perf_counter()
+    async with Emitter(kafka, EmitterSettings(), Topics(kafka.topic_prefix)) as emitter:
+        for index, request in enumerate(requests):
+            replica = f"vllm-{request.hash_ids[min(1, len(request.hash_ids) - 1)] % REPLICAS}"
+            event = request_event(request, start=start, tenant="demo", model=MODEL, replica=replica)
+            await _emit_paced(emitter, event)
+            if index % 2_000 == 0:
+                progress.show(index, _counted(planner))
+                await asyncio.sleep(0)
+    emitted = len(requests)
+    deadline = time.monotonic() + 120
+    while (counted := _counted(planner)) < emitted:
+        progress.show(emitted, counted)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the planner counted {counted} of {emitted} events within 120 s")
+        await asyncio.sleep(0.1)
+    progress.show(emitted, counted, final=True)
+    return emitted, time.perf_counter() - began
+
+
+async def _emit_paced(emitter: Emitter, event: RequestObserved) -> None:
+    """Emit `event`, retrying while the buffer is full. The emitter never blocks its caller (serving
+    must not wait on Kafka); a replay paces itself instead, as the sender drains the buffer."""
+    while not emitter.emit(event):  # noqa: ASYNC110 - the emitter offers no event to wait on, by design
+        await asyncio.sleep(0.01)
+
+
+async def _summarise(dsn: str, emitted: int, seconds: float, top: int, out: TextIO) -> None:
+    db = await asyncpg.connect(dsn)
+    try:
+        leaves = await db.fetch("SELECT prefix_id, sum(requests) AS n FROM prefix_stats GROUP BY 1")
+        nodes = await db.fetch("SELECT prefix_id, parent_id, depth, tokens FROM prefix_nodes")
+        requests = sum(row["n"] for row in leaves)
+    finally:
+        await db.close()
+    through = {row["prefix_id"]: 0 for row in nodes}
+    for row in leaves:
+        through[row["prefix_id"]] = row["n"]
+    parent = {row["prefix_id"]: row["parent_id"] for row in nodes}
+    for row in sorted(nodes, key=lambda r: -r["depth"]):  # children before parents
+        if row["parent_id"] is not None:
+            through[row["parent_id"]] += through[row["prefix_id"]]
+    tokens = {row["prefix_id"]: row["tokens"] for row in nodes}
+    # A prefix whose child carries all of its requests is that child's beginning: list only the child.
+    covered = {up for p, up in parent.items() if up is not None and through[p] == through[up]}
+    reused = [p for p in through if through[p] > 1]
+    shared = sorted(
+        (p for p in reused if p not in covered), key=lambda p: (through[p] - 1) * tokens[p], reverse=True
+    )
+    out.write(
+        f"\n{emitted:,} request events replayed and counted durably in {seconds:.1f} s "
+        f"({emitted / seconds:,.0f} events/s); Postgres holds {requests:,} requests over "
+        f"{len(nodes):,} prefixes, {len(reused):,} of them reused\n"
+        f"top {top} prefixes by tokens a warm cache saves ((requests through it - 1) x tokens):\n"
+        f"  {'prefix id':>21} {'depth':>5} {'tokens':>7} {'requests':>9} {'tokens saved':>13}\n"
+    )
+    for prefix in shared[:top]:
+        out.write(
+            f"  {prefix:>21} {len(_ancestors(prefix, parent)):>5} {tokens[prefix]:>7} "
+            f"{through[prefix]:>9,} {(through[prefix] - 1) * tokens[prefix]:>13,}\n"
+        )
+
+
+def _ancestors(prefix: int, parent: dict[int, int | None]) -> list[int]:
+    chain = [prefix]
+    while (up := parent.get(chain[-1])) is not None:
+        chain.append(up)
+    return chain
+
+
+def _counted(planner: Planner) -> int:
+    return int(
+        sum(s.value for m in planner.metrics.events.collect() for s in m.samples if s.name.endswith("_total"))
+    )

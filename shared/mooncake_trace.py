@@ -1,0 +1,72 @@
+"""Recorded request traces in the Mooncake JSONL format, as request events.
+
+One JSON object a line: `timestamp` (ms from the start), `input_length`, `output_length` (tokens) and
+`hash_ids`: one id per block of `block_tokens` (512 in the published traces), each standing for its
+block and every block before it, so a request's ids are a prefix chain. The last block may be partial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import msgspec
+
+from warmplane.shared.event_ids import new_event_id
+from warmplane.shared.events import ModelRef, RequestObserved
+
+
+class TraceRequest(msgspec.Struct, frozen=True):
+    timestamp: int
+    input_length: int
+    output_length: int
+    hash_ids: list[int]
+
+
+def read_trace(path: Path, limit: int | None = None) -> Iterator[TraceRequest]:
+    """The requests of the trace at `path`, in file order; raises `ValueError` naming a bad line."""
+    decoder = msgspec.json.Decoder(TraceRequest)
+    with path.open("rb") as lines:
+        for number, line in enumerate(lines, start=1):
+            if limit is not None and number > limit:
+                return
+            if not line.strip():
+                continue
+            try:
+                request = decoder.decode(line)
+            except msgspec.DecodeError as exc:
+                raise ValueError(f"{path}:{number}: not a Mooncake trace line: {exc}") from None
+            if request.hash_ids:
+                yield request
+
+
+def cumulative_tokens(request: TraceRequest, block_tokens: int) -> list[int]:
+    """Tokens up to each block of the chain; the last block holds what remains of the input."""
+    return [min(block_tokens * (i + 1), request.input_length) for i in range(len(request.hash_ids))]
+
+
+def request_event(
+    request: TraceRequest,
+    *,
+    start: datetime,
+    tenant: str,
+    model: ModelRef,
+    replica: str,
+    block_tokens: int = 512,
+    producer: str = "trace-replay",
+) -> RequestObserved:
+    """The request-observed event of one trace request, as a serving node would have emitted it."""
+    tokens = cumulative_tokens(request, block_tokens)
+    return RequestObserved(
+        event_id=new_event_id(),
+        occurred_at=start + timedelta(milliseconds=request.timestamp),
+        producer=producer,
+        tenant=tenant,
+        model=model,
+        replica=replica,
+        route="trace",
+        chain=request.hash_ids,
+        chain_tokens=tokens,
+        prompt_tokens=max(request.input_length, tokens[-1]),
+    )
