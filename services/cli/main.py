@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up":
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
         if not args.verbose:
-            logging.getLogger("faststream").setLevel(logging.WARNING)
+            for name in ("faststream", "faststream.access.kafka"):
+                logging.getLogger(name).setLevel(logging.WARNING)
         options = UpOptions(args.trace, args.limit, args.workdir, args.keep_running)
         try:
             asyncio.run(run_up(options, sys.stdout))

@@ -106,18 +106,18 @@ class Ingestor:
             self._restoring[partition] = restoring
         try:
             stored = await self._store.positions(partitions, self._window_size)
+            for partition in partitions:
+                window = self._windows[partition] = RecentIds(self._window_size)
+                self._submitted.pop(partition, None)
+                if partition in stored:
+                    next_offset, ids = stored[partition]
+                    window.extend(event_id.int for event_id in ids)
+                    self._submitted[partition] = next_offset
         finally:
             restoring.set_result(None)
             for partition in partitions:
                 if self._restoring.get(partition) is restoring:
                     del self._restoring[partition]
-        for partition in partitions:
-            window = self._windows[partition] = RecentIds(self._window_size)
-            self._submitted.pop(partition, None)
-            if partition in stored:
-                next_offset, ids = stored[partition]
-                window.extend(event_id.int for event_id in ids)
-                self._submitted[partition] = next_offset
         return {partition: stored[partition][0] for partition in stored}
 
     async def submit(self, records: Sequence[RawRecord], consumer: ConsumerPort) -> None:

@@ -271,11 +271,11 @@ class PgIngestStore:
     async def sweep(self, *, ledger_before: datetime, catalog_before: datetime) -> tuple[int, int]:
         """Drop ledger rows and catalog payloads older than the retention cut-offs; return the counts.
 
-        The ledger's window bounds how late a redelivered duplicate can still be recognised.
+        Ledger rows only serve to rebuild a partition's window of recent ids when it changes hands.
         """
         async with self._pool.acquire() as connection:
             ledger = await connection.execute(
-                "DELETE FROM ingested_events WHERE ingested_at < $1", ledger_before
+                "DELETE FROM ingest_ledger WHERE ingested_at < $1", ledger_before
             )
             catalog = await connection.execute(
                 "DELETE FROM prefix_catalog WHERE last_seen < $1", catalog_before
