@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
-import gc
 import pstats
 import random
 import statistics
@@ -34,6 +33,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
 from warmplane.services.planner.app import build_planner
+from warmplane.services.planner.gc_tuning import tune_for_batches
 from warmplane.services.planner.settings import IngestSettings, PlannerSettings
 from warmplane.shared import migrate
 from warmplane.shared.codec import DecodeFailure, EventCodec
@@ -235,7 +235,7 @@ async def main(args: argparse.Namespace) -> None:
         # The published events must not stay in this process: the collector would walk them on every
         # full collection and bill both loops for a heap no planner or consumer holds.
         del events
-        gc.collect()
+        tune_for_batches()  # as the planner's main does; the raw loop gets the same settings
         raw, ingest = [], []
         for run in range(args.runs):
             raw.append(await raw_loop(kafka, total))

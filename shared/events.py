@@ -20,9 +20,10 @@ from msgspec import Meta, Struct
 SCHEMA_VERSION = 1
 """The newest schema version this code writes and reads, for every event type."""
 
-# Names travel into Postgres text columns and Kafka keys: no NUL, bounded length.
-Name = Annotated[str, Meta(min_length=1, max_length=128, pattern="^[^\\x00]+$")]
-OptionalName = Annotated[str, Meta(max_length=128, pattern="^[^\\x00]*$")]
+# Bounded names. A regex forbidding NUL here cost 2 us a decode (more than the rest of it): traffic
+# events check NUL in `__post_init__`, and the planner dead-letters any other value Postgres refuses.
+Name = Annotated[str, Meta(min_length=1, max_length=128)]
+OptionalName = Annotated[str, Meta(max_length=128)]
 Tokens = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 """A token count: far above any context length, and within a 32-bit column."""
 Epoch = Annotated[int, Meta(ge=0, le=2**62)]
@@ -82,6 +83,8 @@ class _TrafficEvent(Event, kw_only=True, frozen=True):
     chain_tokens: Annotated[list[Tokens], Meta(min_length=1, max_length=MAX_CHAIN_LENGTH)]
 
     def __post_init__(self) -> None:
+        if "\x00" in f"{self.tenant}{self.replica}{self.model.name}{self.model.revision}{self.prompt_rev}":
+            raise ValueError("names must not contain NUL")
         tokens = self.chain_tokens
         if len(self.chain) != len(tokens):
             raise ValueError("`chain` and `chain_tokens` must have the same length")

@@ -22,6 +22,7 @@ from pydantic import SecretStr
 
 from warmplane.services.cli.progress import Progress
 from warmplane.services.planner.app import Planner, build_planner
+from warmplane.services.planner.gc_tuning import tune_for_batches
 from warmplane.services.planner.settings import IngestSettings, PlannerSettings
 from warmplane.shared import migrate
 from warmplane.shared.embedded import EmbeddedStack
@@ -72,6 +73,7 @@ async def run_up(options: UpOptions, out: TextIO) -> None:
             ingest=IngestSettings(),
             metrics_port=0,
         )
+        tune_for_batches()
         planner = build_planner(settings)
         task = asyncio.create_task(planner.app.run())
         try:
