@@ -18,6 +18,8 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import attrgetter
 from typing import Protocol
 
 import asyncpg
@@ -35,6 +37,7 @@ from warmplane.shared.events import Event
 log = logging.getLogger(__name__)
 
 _YIELD_EVERY = 512
+_partition_of = attrgetter("topic", "partition")
 Partition = tuple[str, int]
 Offsets = dict[Partition, int]
 """(topic, partition) -> the next offset to consume, i.e. the last processed offset + 1."""
@@ -133,37 +136,45 @@ class Ingestor:
         decode = self._codec.decode
         windows = self._windows
         max_payload = self._max_payload_bytes
-        for index, record in enumerate(records):
-            if index % _YIELD_EVERY == _YIELD_EVERY - 1:
-                # Let the writer's database replies in: decoding a whole batch at once would stall
-                # every round trip of the batch being written by as long.
-                await asyncio.sleep(0)
-            partition = (record.topic, record.partition)
+        # A fetch arrives grouped by partition: look up a partition's state once per run of records.
+        for partition, run in groupby(records, key=_partition_of):
             expected = self._submitted.get(partition)
-            if expected is not None and record.offset < expected:
-                work.duplicates += 1  # already counted (or queued): a redelivery from before a seek
-                continue
-            counted = work.slices.get(partition)
-            if counted is None:
-                counted = work.slices[partition] = PartitionSlice(
-                    *partition, record.offset, record.offset, expected, []
-                )
             window = windows.get(partition)
             if window is None:
                 window = windows[partition] = RecentIds(self._window_size)
-            counted.last_offset = record.offset
-            decoded = decode(record.value)
-            if isinstance(decoded, DecodeFailure):
-                work.letters.append(DeadLetter(record, decoded.reason))
-            elif len(record.value or b"") > max_payload and (too_big := self._oversized_payload(decoded)):
-                work.letters.append(DeadLetter(record, too_big))
-            elif (key := decoded.event_id.int) in window:  # an int hashes in C; a UUID in Python
-                work.duplicates += 1
-            else:
-                window.add(key)
-                counted.event_ids.append(decoded.event_id)
-                work.events.append(decoded)
-                work.records.append(record)
+            seen, remember = window.ids, window.add
+            counted = work.slices.get(partition)
+            for index, record in enumerate(run):
+                if index % _YIELD_EVERY == _YIELD_EVERY - 1:
+                    # Let the writer's database replies in: decoding a whole batch at once would
+                    # stall every round trip of the batch being written by as long.
+                    await asyncio.sleep(0)
+                offset = record.offset
+                if expected is not None and offset < expected:
+                    work.duplicates += 1  # already counted (or queued): redelivered before a seek
+                    continue
+                if counted is None:
+                    counted = work.slices[partition] = PartitionSlice(
+                        *partition, offset, offset, expected, []
+                    )
+                counted.last_offset = offset
+                value = record.value
+                decoded = decode(value)
+                if isinstance(decoded, DecodeFailure):
+                    work.letters.append(DeadLetter(record, decoded.reason))
+                elif (
+                    value is not None
+                    and len(value) > max_payload
+                    and (big := self._oversized_payload(decoded))
+                ):
+                    work.letters.append(DeadLetter(record, big))
+                elif (key := decoded.event_id.int) in seen:  # an int hashes in C; a UUID in Python
+                    work.duplicates += 1
+                else:
+                    remember(key)
+                    counted.event_ids.append(decoded.event_id)
+                    work.events.append(decoded)
+                    work.records.append(record)
         for partition, counted in work.slices.items():
             self._submitted[partition] = counted.last_offset + 1
         await self._queue.put(work)

@@ -20,24 +20,25 @@ class RecentIds:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
         self._order: deque[int] = deque()
-        self._ids: set[int] = set()
+        self.ids: set[int] = set()
+        """The ids in the window, for membership tests in C on a hot path. Read only: use `add`."""
 
     def __contains__(self, event_id: object) -> bool:
-        return event_id in self._ids
+        return event_id in self.ids
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self.ids)
 
     def add(self, event_id: int) -> None:
         """Remember `event_id` (the caller checked it is not already in the window)."""
-        self._ids.add(event_id)
+        self.ids.add(event_id)
         self._order.append(event_id)
         if len(self._order) > self.capacity:
-            self._ids.discard(self._order.popleft())
+            self.ids.discard(self._order.popleft())
 
     def extend(self, event_ids: Iterable[int]) -> None:
         for event_id in event_ids:
-            if event_id not in self._ids:
+            if event_id not in self.ids:
                 self.add(event_id)
 
 
