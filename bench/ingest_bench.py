@@ -242,11 +242,7 @@ async def main(args: argparse.Namespace) -> None:
             settings = PlannerSettings(
                 kafka=kafka,
                 postgres=PostgresSettings(url=await fresh_database(postgres)),
-                ingest=IngestSettings(
-                    group_id=f"bench-{run}-{uuid.uuid4().hex[:6]}",
-                    batch_max_records=10000,
-                    writer_queue_depth=4,
-                ),
+                ingest=IngestSettings(group_id=f"bench-{run}-{uuid.uuid4().hex[:6]}"),
                 metrics_port=0,
             )
             profiler = cProfile.Profile() if args.profile else None

@@ -16,7 +16,7 @@ class IngestSettings(BaseModel):
     """How the planner consumes and folds events."""
 
     group_id: str = Field("warmplane-planner", min_length=1)
-    batch_max_records: Positive = 5_000
+    batch_max_records: Positive = 10_000
     batch_timeout_ms: Positive = 100
     max_partition_fetch_bytes: Positive = 4 * 1024 * 1024
     bucket_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
@@ -27,7 +27,7 @@ class IngestSettings(BaseModel):
     catalog_max_payload_bytes: Positive = 64 * 1024
     sweep_interval_s: Annotated[float, Field(gt=0)] = 300.0
     node_cache_size: Annotated[int, Field(ge=2)] = 1_000_000
-    writer_queue_depth: Positive = 2
+    writer_queue_depth: Positive = 4
 
 
 class PlannerSettings(WarmplaneSettings):
