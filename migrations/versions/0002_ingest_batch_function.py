@@ -26,8 +26,8 @@ CREATE FUNCTION warmplane_ingest_batch(
     s_scope integer[], s_prefix bigint[], s_bucket bigint[], s_requests bigint[], s_cold bigint[],
     s_prompt bigint[], s_cached bigint[], s_ttft double precision[], s_ttft_n bigint[],
     m_scope integer[], m_prefix bigint[], m_bucket bigint[], m_misses bigint[], m_tokens bigint[],
-    e_scope integer[], e_prefix bigint[], e_parent bigint[], e_depth integer[], e_tokens integer[],
-    e_seen timestamptz[],
+    c_paths_scope integer[], c_paths_leaf bigint[], c_paths_anchor bigint[], c_paths_depth integer[],
+    c_paths_ids text[], c_paths_tokens text[], c_paths_seen timestamptz[],
     c_scope integer[], c_prefix bigint[], c_payload text[], c_tokens integer[], c_seen timestamptz[]
 ) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
@@ -68,8 +68,10 @@ BEGIN
     ON CONFLICT (scope_id, prefix_id, bucket) DO UPDATE SET
         misses = s.misses + excluded.misses, missed_tokens = s.missed_tokens + excluded.missed_tokens;
 
-    INSERT INTO prefix_nodes (scope_id, prefix_id, parent_id, depth, tokens, first_seen)
-    SELECT * FROM unnest(e_scope, e_prefix, e_parent, e_depth, e_tokens, e_seen)
+    INSERT INTO prefix_paths (scope_id, leaf_id, anchor_id, first_depth, ids, tokens, first_seen)
+    SELECT u.scope, u.leaf, u.anchor, u.depth, u.ids::bigint[], u.tokens::integer[], u.seen
+    FROM unnest(c_paths_scope, c_paths_leaf, c_paths_anchor, c_paths_depth, c_paths_ids, c_paths_tokens,
+                c_paths_seen) AS u(scope, leaf, anchor, depth, ids, tokens, seen)
     ON CONFLICT DO NOTHING;
 
     INSERT INTO prefix_catalog AS c (scope_id, prefix_id, payload, payload_bytes, tokens, first_seen, last_seen)

@@ -234,7 +234,7 @@ class Ingestor:
         except Fenced as fenced:
             await self._rewind(work, fenced.partitions)
             return
-        self._nodes.add_all(batch.edges.keys())
+        self._nodes.add_all(batch.new_nodes)
         self._metrics.duplicates.inc(work.duplicates)
         for kind, count in Counter(type(event) for event in work.events).items():
             self._metrics.events.labels(type=event_type(kind)).inc(count)

@@ -22,8 +22,8 @@ from warmplane.shared.events import Event, ReplicaEvent
 
 _json = msgspec.json.Encoder()
 
-INGEST_BATCH = "SELECT warmplane_ingest_batch(" + ", ".join(f"${n}" for n in range(1, 33)) + ")"
-"""One round trip: offsets (fenced), ledger, counts, edges and catalog (migration 0002)."""
+INGEST_BATCH = "SELECT warmplane_ingest_batch(" + ", ".join(f"${n}" for n in range(1, 34)) + ")"
+"""One round trip: offsets (fenced), ledger, counts, chain paths and catalog (migration 0002)."""
 FENCED_SQLSTATE = "WP001"
 STORED_OFFSETS = """
 SELECT topic, partition, next_offset FROM ingest_offsets
@@ -123,7 +123,7 @@ class PgIngestStore:
     ) -> None:
         ids = {scope: self._scope_ids[scope] for scope in batch.scopes()}
         counts, misses = batch.request_counts, batch.miss_counts
-        edges, catalog = batch.edges, batch.catalog
+        paths, catalog = batch.paths, batch.catalog
         await connection.execute(
             INGEST_BATCH,
             self._group_id,
@@ -147,12 +147,14 @@ class PgIngestStore:
             [k[2] for k in misses],
             [m.misses for m in misses.values()],
             [m.missed_tokens for m in misses.values()],
-            [ids[n[0]] for n in edges],
-            [n[1] for n in edges],
-            [e.parent_id for e in edges.values()],
-            [e.depth for e in edges.values()],
-            [e.tokens for e in edges.values()],
-            [e.first_seen for e in edges.values()],
+            [ids[n[0]] for n in paths],
+            [n[1] for n in paths],
+            [p.anchor_id for p in paths.values()],
+            [p.first_depth for p in paths.values()],
+            # Ragged arrays travel as Postgres array literals; the function casts them.
+            ["{" + ",".join(map(str, p.ids)) + "}" for p in paths.values()],
+            ["{" + ",".join(map(str, p.tokens)) + "}" for p in paths.values()],
+            [p.first_seen for p in paths.values()],
             [ids[n[0]] for n in catalog],
             [n[1] for n in catalog],
             [_json.encode(e.payload).decode() for e in catalog.values()],

@@ -19,7 +19,7 @@ PLANNER_TABLES = {
     "scopes",
     "prefix_stats",
     "miss_stats",
-    "prefix_nodes",
+    "prefix_paths",
     "prefix_catalog",
     "replicas",
     "replica_transitions",

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from warmplane.services.planner.core.ingest_batch import (
     ChainEdge,
+    ChainPath,
     MissCounts,
     NodeKey,
     Scope,
@@ -184,12 +185,13 @@ def test_edges_have_right_parents_and_skip_stored_nodes_and_their_ancestors(
 
     batch = fold_events(events, bucket_seconds=60, stored_nodes=stored)
 
-    assert batch.edges == expected_edges(events, stored)
-    assert not batch.edges.keys() & stored
+    assert batch.edges() == expected_edges(events, stored)
+    assert not batch.edges().keys() & stored
+    assert batch.new_nodes == batch.edges().keys()
     parents = {
         (scope_of(e), p): (e.chain[d - 1] if d else None) for e in events for d, p in enumerate(e.chain)
     }
-    assert all(edge.parent_id == parents[node] for node, edge in batch.edges.items())
+    assert all(edge.parent_id == parents[node] for node, edge in batch.edges().items())
 
 
 def test_edges_of_a_fresh_chain_run_from_its_root() -> None:
@@ -197,12 +199,14 @@ def test_edges_of_a_fresh_chain_run_from_its_root() -> None:
     chain, tokens = chain_of(scope, [b"a", b"b", b"c"])
     event = _request_at(BASE, chain=chain, chain_tokens=tokens, prompt_tokens=tokens[-1])
     batch = fold_events([event], bucket_seconds=60, stored_nodes={(scope, chain[0])})
-    assert batch.edges == {
+    assert batch.edges() == {
         (scope, chain[1]): ChainEdge(chain[0], 1, 3, BASE),
         (scope, chain[2]): ChainEdge(chain[1], 2, 8, BASE),
     }
     root_too = fold_events([event], bucket_seconds=60, stored_nodes=set())
-    assert root_too.edges[(scope, chain[0])] == ChainEdge(None, 0, 1, BASE)
+    assert root_too.edges()[(scope, chain[0])] == ChainEdge(None, 0, 1, BASE)
+    # One row for the request's whole new chain end, not one per prefix.
+    assert list(root_too.paths.values()) == [ChainPath(None, 0, chain, tokens, BASE)]
 
 
 def test_a_payload_is_catalogued_with_the_tokens_of_its_prefix() -> None:
@@ -227,7 +231,7 @@ def test_misses_are_keyed_by_the_first_non_resident_element(events: list[PrefixM
     batch = fold_events(events, bucket_seconds=60, stored_nodes=set())
 
     assert batch.miss_counts == expected
-    assert batch.request_counts == {} and batch.edges == {}
+    assert batch.request_counts == {} and batch.paths == {}
 
 
 def test_a_miss_example() -> None:

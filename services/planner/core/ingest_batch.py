@@ -8,7 +8,7 @@ changes. Counters are summed here so the database sees one row per key per batch
 from __future__ import annotations
 
 import uuid
-from collections.abc import Container, Iterable
+from collections.abc import Container, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -58,6 +58,28 @@ class ChainEdge:
 
 
 @dataclass(frozen=True, slots=True)
+class ChainPath:
+    """The new end of a chain: `ids` (with cumulative `tokens`) hang in order below `anchor_id`, the
+    deepest prefix already known (None: the chain is new from its root), starting at `first_depth`.
+
+    One row per request instead of one per new prefix: a chat turn adds a dozen prefixes at once.
+    """
+
+    anchor_id: int | None
+    first_depth: int
+    ids: list[int]
+    tokens: list[int]
+    first_seen: datetime
+
+    def edges(self) -> Iterator[tuple[int, ChainEdge]]:
+        """Each new prefix with its edge."""
+        parent = self.anchor_id
+        for offset, (prefix, tokens) in enumerate(zip(self.ids, self.tokens, strict=True)):
+            yield prefix, ChainEdge(parent, self.first_depth + offset, tokens, self.first_seen)
+            parent = prefix
+
+
+@dataclass(frozen=True, slots=True)
 class CatalogEntry:
     payload: PrefixPayload
     tokens: int
@@ -70,15 +92,25 @@ class IngestBatch:
 
     request_counts: dict[tuple[Scope, int, int], RequestCounts] = field(default_factory=dict)
     miss_counts: dict[tuple[Scope, int, int], MissCounts] = field(default_factory=dict)
-    edges: dict[NodeKey, ChainEdge] = field(default_factory=dict)
+    paths: dict[NodeKey, ChainPath] = field(default_factory=dict)
+    """New chain ends, keyed by their leaf."""
+    new_nodes: set[NodeKey] = field(default_factory=set)
+    """Every prefix the paths add: once they commit, known to be stored."""
     catalog: dict[NodeKey, CatalogEntry] = field(default_factory=dict)
     replica_events: list[ReplicaEvent] = field(default_factory=list)
     fleet_changes: list[Event] = field(default_factory=list)
     ignored: int = 0
 
+    def edges(self) -> dict[NodeKey, ChainEdge]:
+        """Every prefix the paths add, with its edge (for readers; the store writes the paths)."""
+        return {
+            (scope, prefix): edge
+            for (scope, _leaf), path in self.paths.items()
+            for prefix, edge in path.edges()
+        }
+
     def scopes(self) -> set[Scope]:
-        keys: Iterable[tuple[Scope, int]] = self.edges.keys()
-        found = {key[0] for key in keys}
+        found = {key[0] for key in self.paths}
         found.update(key[0] for key in self.request_counts)
         found.update(key[0] for key in self.miss_counts)
         found.update(key[0] for key in self.catalog)
@@ -128,14 +160,18 @@ def _fold_request(
     if event.ttft_ms is not None:
         counts.ttft_ms_sum += event.ttft_ms
         counts.ttft_count += 1
-    # Walk from the leaf up: once a node is known to be stored, so are its ancestors.
-    edges = batch.edges
+    # Walk from the leaf up: once a node is known to be stored (or added here), so are its ancestors.
+    new_nodes = batch.new_nodes
     tokens = event.chain_tokens
-    for depth in range(len(chain) - 1, -1, -1):
-        node = (scope, chain[depth])
-        if node in stored or node in edges:
-            break
-        edges[node] = ChainEdge(chain[depth - 1] if depth else None, depth, tokens[depth], event.occurred_at)
+    known = len(chain) - 1
+    while known >= 0 and (node := (scope, chain[known])) not in stored and node not in new_nodes:
+        known -= 1
+    if known < len(chain) - 1:
+        fresh = chain[known + 1 :]
+        batch.paths[(scope, chain[-1])] = ChainPath(
+            chain[known] if known >= 0 else None, known + 1, fresh, tokens[known + 1 :], event.occurred_at
+        )
+        new_nodes.update((scope, prefix) for prefix in fresh)
     payload = event.payload
     if payload is not None:
         # The contract guarantees the payload's prefix is on the chain.
