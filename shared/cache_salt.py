@@ -1,0 +1,46 @@
+"""vLLM ``cache_salt`` per (tenant, model, epoch), keyed by the tenant's secret (design brief, section 7).
+
+The gateway and the warmer both call :func:`derive_cache_salt`, so warm-ups land in the KV namespace real
+traffic reads: vLLM mixes the salt into the first block's hash, and a hit needs the identical salt. Tenants
+never share KV (another tenant's secret gives another salt), and an epoch bump moves everyone to a fresh
+namespace without resetting the engine's cache.
+
+Contracts:
+- The salt is HMAC-SHA256, keyed by the tenant secret, over a canonical JSON encoding of
+  ``["warmplane/cache-salt/v1", tenant, model, epoch]`` (JSON, not a joined string: no choice of names makes
+  two inputs encode alike), as unpadded base64url: always exactly 43 characters of ``[A-Za-z0-9_-]``, so never
+  ``@``, ``/``, ``\\`` or NUL, and within vLLM's 1 to 128 characters.
+- Deterministic across processes and machines; a change to any input changes the salt.
+- The secret never appears in the output, in an exception message or in a repr.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from typing import Final
+
+import msgspec
+from pydantic import SecretStr
+
+SALT_LENGTH: Final = 43
+"""Characters in every salt: 32 bytes of HMAC-SHA256 as unpadded base64url."""
+_DOMAIN: Final = "warmplane/cache-salt/v1"
+_canonical = msgspec.json.Encoder(order="sorted")
+
+
+def derive_cache_salt(tenant_secret: SecretStr | bytes, tenant: str, model: str, epoch: int) -> str:
+    """The ``cache_salt`` for ``tenant``'s requests to ``model`` in ``epoch``.
+
+    ``epoch`` is the (tenant, model) epoch, a non-negative integer. Raises ``ValueError`` (naming no
+    secret) for an empty secret or a negative epoch.
+    """
+    key = tenant_secret.get_secret_value().encode() if isinstance(tenant_secret, SecretStr) else tenant_secret
+    if not key:
+        raise ValueError("the tenant secret must not be empty")
+    if epoch < 0:
+        raise ValueError(f"epoch must be non-negative, got {epoch}")
+    message = _canonical.encode((_DOMAIN, tenant, model, epoch))
+    digest = hmac.new(key, message, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")

@@ -1,0 +1,108 @@
+"""The vLLM client's request shapes and failure mapping, over an in-memory transport (no sockets)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from warmplane.services.warmer.vllm_client import VllmEngineClient, WarmFailed
+from warmplane.shared.events import PrefixPayload
+
+Handler = Callable[[httpx.Request], httpx.Response]
+CHAT = PrefixPayload(prefix_id=1, messages=[{"role": "system", "content": "Be brief."}])
+_USAGE = {"usage": {"prompt_tokens": 100, "prompt_tokens_details": {"cached_tokens": 64}}}
+
+
+def _client(handler: Handler) -> VllmEngineClient:
+    return VllmEngineClient(
+        "http://engine:8000/",
+        "m",
+        connect_timeout_s=1.0,
+        request_timeout_s=1.0,
+        transport=httpx.MockTransport(handler),
+    )
+
+
+@pytest.mark.parametrize(
+    ("prompt_tokens", "expected"), [(0, 0), (1, 0), (32, 0), (33, 32), (64, 32), (65, 64), (2000, 1984)]
+)
+def test_expected_cached_tokens_counts_whole_blocks_before_the_last_token(
+    prompt_tokens: int, expected: int
+) -> None:
+    client = _client(lambda _: httpx.Response(200))
+    assert client.expected_cached_tokens(prompt_tokens) == expected
+
+
+async def test_chat_warm_renders_a_complete_turn_at_warm_priority() -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, json.loads(request.content)))
+        return httpx.Response(200, json=_USAGE)
+
+    async with _client(handler) as client:
+        result = await client.warm(CHAT, cache_salt="salt")
+        await client.warm(PrefixPayload(prefix_id=2, prompt=[5, 6, 7]), cache_salt="salt", priority=3)
+    assert (result.prompt_tokens, result.cached_tokens) == (100, 64)
+    (chat_path, chat), (completions_path, completions) = seen
+    assert chat_path == "/v1/chat/completions"
+    assert chat["add_generation_prompt"] is False
+    assert chat["continue_final_message"] is False
+    assert (chat["max_tokens"], chat["priority"], chat["cache_salt"]) == (1, 10, "salt")
+    assert chat["stream"] is False
+    assert completions_path == "/v1/completions"
+    assert (completions["prompt"], completions["priority"]) == ([5, 6, 7], 3)
+
+
+async def test_missing_cached_tokens_count_as_zero() -> None:
+    async with _client(lambda _: httpx.Response(200, json={"usage": {"prompt_tokens": 9}})) as client:
+        assert await client.probe(CHAT, cache_salt="s") == 0
+
+
+@pytest.mark.parametrize(
+    ("response", "fragment"),
+    [
+        (httpx.Response(400, json={"error": {"message": "bad\nsalt", "code": 400}}), "HTTP 400: bad salt"),
+        (httpx.Response(503, json={"object": "error", "message": "overloaded"}), "HTTP 503: overloaded"),
+        (httpx.Response(500, text="Internal Server Error"), "HTTP 500: Internal Server Error"),
+        (httpx.Response(200, text="not json"), "not JSON"),
+        (httpx.Response(200, json={"choices": []}), "without usage.prompt_tokens"),
+    ],
+)
+async def test_bad_answers_raise_warm_failed(response: httpx.Response, fragment: str) -> None:
+    async with _client(lambda _: response) as client:
+        with pytest.raises(WarmFailed, match=fragment):
+            await client.warm(CHAT, cache_salt="s")
+
+
+@pytest.mark.parametrize(
+    ("error", "fragment"),
+    [
+        (httpx.ConnectTimeout("slow"), "timed out \\(ConnectTimeout\\)"),
+        (httpx.ReadTimeout("slow"), "timed out \\(ReadTimeout\\)"),
+        (httpx.ConnectError("refused"), "ConnectError at http://engine:8000: refused"),
+        (httpx.RemoteProtocolError("eof"), "RemoteProtocolError"),
+    ],
+)
+async def test_transport_errors_raise_warm_failed_and_health_is_false(
+    error: httpx.HTTPError, fragment: str
+) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise error
+
+    async with _client(handler) as client:
+        assert await client.health() is False
+        with pytest.raises(WarmFailed, match=fragment):
+            await client.warm(CHAT, cache_salt="s")
+
+
+async def test_token_ids_tokenize_without_a_request() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise AssertionError("no request expected")
+
+    async with _client(handler) as client:
+        assert await client.tokenize(PrefixPayload(prefix_id=1, prompt=[1, 2])) == [1, 2]
