@@ -142,7 +142,8 @@ class Ingestor:
             window = windows.get(partition)
             if window is None:
                 window = windows[partition] = RecentIds(self._window_size)
-            seen, remember = window.ids, window.add
+            seen, fresh = window.ids, set[int]()
+            admitted: list[int] = []
             counted = work.slices.get(partition)
             for index, record in enumerate(run):
                 if index % _YIELD_EVERY == _YIELD_EVERY - 1:
@@ -168,13 +169,15 @@ class Ingestor:
                     and (big := self._oversized_payload(decoded))
                 ):
                     work.letters.append(DeadLetter(record, big))
-                elif (key := decoded.event_id.int) in seen:  # an int hashes in C; a UUID in Python
+                elif (key := decoded.event_id.int) in seen or key in fresh:  # ints hash in C, UUIDs don't
                     work.duplicates += 1
                 else:
-                    remember(key)
+                    fresh.add(key)
+                    admitted.append(key)
                     counted.event_ids.append(decoded.event_id)
                     work.events.append(decoded)
                     work.records.append(record)
+            window.admit(admitted)
         for partition, counted in work.slices.items():
             self._submitted[partition] = counted.last_offset + 1
         await self._queue.put(work)

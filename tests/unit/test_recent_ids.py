@@ -43,3 +43,18 @@ def test_packed_ids_unpack_to_the_same_ids_in_order(ids: list[uuid.UUID]) -> Non
 def test_a_torn_ledger_row_is_refused() -> None:
     with pytest.raises(ValueError, match="multiple of 16"):
         unpack_ids(b"\x00" * 17)
+
+
+@settings(max_examples=200)
+@given(st.lists(st.lists(st.integers(0, 10**6), max_size=30), max_size=30), st.integers(1, 60))
+def test_chunks_keep_at_least_the_last_capacity_ids_and_at_most_a_chunk_more(
+    chunks: list[list[int]], capacity: int
+) -> None:
+    window, admitted, largest = RecentIds(capacity), [], 0
+    for chunk in chunks:
+        fresh = [i for i in dict.fromkeys(chunk) if i not in window]
+        window.admit(fresh)
+        admitted += fresh
+        largest = max(largest, len(fresh))
+        assert all(i in window for i in admitted[-capacity:])
+        assert len(window) <= capacity + largest

@@ -13,15 +13,18 @@ from collections.abc import Iterable
 
 
 class RecentIds:
-    """The last `capacity` ids added (as the 128-bit integers of the UUIDs), oldest forgotten first."""
+    """At least the last `capacity` ids admitted (as the 128-bit integers of the UUIDs), kept in the
+    chunks they were admitted in and forgotten a whole chunk at a time, oldest first: the set
+    operations then run in C, and the window holds at most `capacity` plus its largest chunk."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.capacity = capacity
-        self._order: deque[int] = deque()
+        self._chunks: deque[list[int]] = deque()
+        self._size = 0
         self.ids: set[int] = set()
-        """The ids in the window, for membership tests in C on a hot path. Read only: use `add`."""
+        """The ids in the window, for membership tests in C on a hot path. Read only: use `admit`."""
 
     def __contains__(self, event_id: object) -> bool:
         return event_id in self.ids
@@ -29,17 +32,25 @@ class RecentIds:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def admit(self, event_ids: list[int]) -> None:
+        """Remember `event_ids`, distinct and not in the window (the caller checked), as one chunk."""
+        if not event_ids:
+            return
+        self.ids.update(event_ids)
+        self._chunks.append(event_ids)
+        self._size += len(event_ids)
+        while self._size - len(self._chunks[0]) >= self.capacity:
+            oldest = self._chunks.popleft()
+            self.ids.difference_update(oldest)
+            self._size -= len(oldest)
+
     def add(self, event_id: int) -> None:
-        """Remember `event_id` (the caller checked it is not already in the window)."""
-        self.ids.add(event_id)
-        self._order.append(event_id)
-        if len(self._order) > self.capacity:
-            self.ids.discard(self._order.popleft())
+        """Remember one id (the caller checked it is not in the window)."""
+        self.admit([event_id])
 
     def extend(self, event_ids: Iterable[int]) -> None:
-        for event_id in event_ids:
-            if event_id not in self.ids:
-                self.add(event_id)
+        """Remember `event_ids` in order, skipping those already held."""
+        self.admit([i for i in dict.fromkeys(event_ids) if i not in self.ids])
 
 
 def pack_ids(event_ids: Iterable[uuid.UUID]) -> bytes:
