@@ -17,9 +17,12 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import os
 import pstats
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -41,7 +44,7 @@ from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import Event, ModelRef, PrefixMissed, ReplicaStarted, RequestObserved
 from warmplane.shared.kafka_admin import ensure_topics
-from warmplane.shared.settings import KafkaSettings, PostgresSettings
+from warmplane.shared.settings import KafkaSettings, PostgresSettings, settings_environment
 from warmplane.shared.topics import Topics, partition_key
 
 TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "conversation_trace.jsonl"
@@ -206,6 +209,42 @@ async def planner_run(settings: PlannerSettings, total: int, requests: int) -> f
     return rate
 
 
+async def planner_processes_run(
+    settings: PlannerSettings, processes: int, total: int, requests: int
+) -> float:
+    """Events/s of `processes` planner processes in one consumer group (the brief's scaling path),
+    from the first request counted in Postgres until all are: read from Postgres, every 20 ms."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARMPLANE_")}
+    env.update(settings_environment(settings))
+    command = [sys.executable, "-m", "warmplane.services.planner"]
+    log = open(os.environ.get("BENCH_PLANNER_LOG", os.devnull), "ab")  # noqa: SIM115, ASYNC230
+    children = [
+        await asyncio.create_subprocess_exec(*command, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        for _ in range(processes)
+    ]
+    db = await asyncpg.connect(settings.postgres.asyncpg_dsn())
+    try:
+        first: tuple[float, int] | None = None
+        while True:
+            counted = int(await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_stats"))
+            now = time.perf_counter()
+            if first is None and counted:
+                first = (now, counted)
+            if counted >= requests:
+                break
+            await asyncio.sleep(0.02)
+        assert counted == requests, f"Postgres holds {counted} requests, expected {requests}"
+        assert first is not None
+        return (requests - first[1]) / (now - first[0]) * total / requests
+    finally:
+        await db.close()
+        for child in children:
+            child.terminate()
+        for child in children:
+            await asyncio.wait_for(child.wait(), 30)
+        log.close()
+
+
 async def fresh_database(postgres: EmbeddedPostgres) -> str:
     name = f"bench_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(postgres.asyncpg_dsn)
@@ -248,7 +287,10 @@ async def main(args: argparse.Namespace) -> None:
             profiler = cProfile.Profile() if args.profile else None
             if profiler:
                 profiler.enable()
-            ingest.append(await planner_run(settings, total, requests))
+            if args.planners > 1:
+                ingest.append(await planner_processes_run(settings, args.planners, total, requests))
+            else:
+                ingest.append(await planner_run(settings, total, requests))
             if profiler:
                 profiler.disable()
                 pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
@@ -259,7 +301,7 @@ async def main(args: argparse.Namespace) -> None:
         raw_median, ingest_median = statistics.median(raw), statistics.median(ingest)
         print(f"\nmedian of {args.runs} ({args.shape}, {total:,} events):")
         print(f"  raw aiokafka getmany + decode : {raw_median:>9,.0f} events/s")
-        print(f"  planner into Postgres         : {ingest_median:>9,.0f} events/s")
+        print(f"  planner ({args.planners} process) into Postgres: {ingest_median:>9,.0f} events/s")
         print(f"  ratio planner / raw           : {ingest_median / raw_median:>9.2f}")
 
 
@@ -270,6 +312,7 @@ if __name__ == "__main__":
     parser.add_argument("--events", type=int, default=600_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--shape", choices=("fleet", "mooncake"), default="fleet")
+    parser.add_argument("--planners", type=int, default=1, help="run N planner processes in one group")
     parser.add_argument(
         "--profile", type=int, default=0, metavar="N", help="print the planner's top N functions"
     )

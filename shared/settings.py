@@ -149,3 +149,25 @@ class EmitterSettings(BaseModel):
         if self.batch_max_events > self.buffer_max_events:
             raise ValueError("batch_max_events must not exceed buffer_max_events")
         return self
+
+
+def settings_environment(settings: BaseSettings) -> dict[str, str]:
+    """`settings` as the environment variables that reproduce them in another process.
+
+    Nested models flatten with `__` under the class's prefix; secrets are revealed (the result is for
+    a child process's environment, never for a log).
+    """
+    prefix = str(settings.model_config.get("env_prefix", ""))
+    environment: dict[str, str] = {}
+
+    def flatten(path: str, value: object) -> None:
+        if isinstance(value, BaseModel):
+            for name in type(value).model_fields:
+                flatten(f"{path}__{name.upper()}" if path else name.upper(), getattr(value, name))
+        elif isinstance(value, SecretStr):
+            environment[prefix + path] = value.get_secret_value()
+        elif value is not None:
+            environment[prefix + path] = str(value)
+
+    flatten("", settings)
+    return environment

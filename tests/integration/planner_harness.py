@@ -20,7 +20,7 @@ from warmplane.shared.codec import EventCodec
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import Event, ModelRef, RequestObserved
 from warmplane.shared.kafka_admin import ensure_topics
-from warmplane.shared.settings import KafkaSettings
+from warmplane.shared.settings import KafkaSettings, settings_environment
 from warmplane.shared.topics import Topics, partition_key
 
 MODEL = ModelRef("tiny-llama", "rev-1")
@@ -97,22 +97,9 @@ async def running_planner(settings: PlannerSettings) -> AsyncIterator[Planner]:
 
 
 def planner_environment(settings: PlannerSettings) -> dict[str, str]:
-    """`settings` as the `WARMPLANE_*` environment a planner process reads."""
-    kafka, ingest = settings.kafka, settings.ingest
+    """`settings` as the `WARMPLANE_*` environment a planner process reads (nothing else inherited)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("WARMPLANE_")}
-    env.update(
-        {
-            "WARMPLANE_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-            "WARMPLANE_KAFKA__TOPIC_PREFIX": kafka.topic_prefix,
-            "WARMPLANE_KAFKA__SESSION_TIMEOUT_MS": str(kafka.session_timeout_ms),
-            "WARMPLANE_KAFKA__HEARTBEAT_INTERVAL_MS": str(kafka.heartbeat_interval_ms),
-            "WARMPLANE_POSTGRES__URL": settings.postgres.url.get_secret_value(),
-            "WARMPLANE_INGEST__GROUP_ID": ingest.group_id,
-            "WARMPLANE_INGEST__BATCH_MAX_RECORDS": str(ingest.batch_max_records),
-            "WARMPLANE_INGEST__BATCH_TIMEOUT_MS": str(ingest.batch_timeout_ms),
-            "WARMPLANE_METRICS_PORT": "0",
-        }
-    )
+    env.update(settings_environment(settings))
     return env
 
 

@@ -8,7 +8,7 @@ import pytest
 from pydantic import SecretStr
 
 from warmplane.services.planner.settings import PlannerSettings
-from warmplane.shared.settings import PostgresSettings, SettingsError, load_settings
+from warmplane.shared.settings import PostgresSettings, SettingsError, load_settings, settings_environment
 
 PASSWORD = "hunter2-s3cret"
 
@@ -34,6 +34,8 @@ def test_nested_variables_use_the_prefix_and_double_underscores(monkeypatch: pyt
     monkeypatch.setenv("WARMPLANE_POSTGRES__URL", f"postgresql://app:{PASSWORD}@db:5432/warmplane")
     monkeypatch.setenv("WARMPLANE_INGEST__BUCKET_SECONDS", "300")
     monkeypatch.setenv("WARMPLANE_INGEST__GROUP_ID", "planner-eu")
+    monkeypatch.setenv("WARMPLANE_PLANS__BUDGET_TOKENS", "50000")
+    monkeypatch.setenv("WARMPLANE_PLANS__WINDOW_HOURS", "6")
     monkeypatch.setenv("WARMPLANE_METRICS_PORT", "0")
     monkeypatch.setenv("WARMPLANE_LOG_LEVEL", "DEBUG")
     monkeypatch.setenv("KAFKA__PARTITIONS", "99")  # no prefix: not ours
@@ -45,6 +47,11 @@ def test_nested_variables_use_the_prefix_and_double_underscores(monkeypatch: pyt
     assert settings.postgres.asyncpg_dsn() == f"postgresql://app:{PASSWORD}@db:5432/warmplane"
     assert settings.postgres.sqlalchemy_url() == f"postgresql+asyncpg://app:{PASSWORD}@db:5432/warmplane"
     assert (settings.ingest.bucket_seconds, settings.ingest.group_id) == (300, "planner-eu")
+    assert (settings.plans.budget_tokens, settings.plans.window_hours, settings.plans.max_items) == (
+        50_000,
+        6.0,
+        256,
+    )
     assert (settings.metrics_port, settings.log_level) == (0, "DEBUG")
 
 
@@ -59,6 +66,8 @@ def test_nested_variables_use_the_prefix_and_double_underscores(monkeypatch: pyt
         ("WARMPLANE_INGEST__BUCKET_SECONDS", "86401"),
         ("WARMPLANE_INGEST__BUCKET_SECONDS", "a minute"),
         ("WARMPLANE_INGEST__NODE_CACHE_SIZE", "1"),
+        ("WARMPLANE_PLANS__BUDGET_TOKENS", "0"),
+        ("WARMPLANE_PLANS__BUDGET_TOKENS", "4294967296"),
         ("WARMPLANE_POSTGRES__URL", "mysql://db/warmplane"),
         ("WARMPLANE_METRICS_PORT", "70000"),
         ("WARMPLANE_LOG_LEVEL", "CHATTY"),
@@ -123,3 +132,14 @@ def test_a_bad_secret_url_is_named_without_its_value(monkeypatch: pytest.MonkeyP
 def test_postgres_url_forms(url: str, asyncpg: str, sqlalchemy: str) -> None:
     settings = PostgresSettings(url=SecretStr(url))
     assert (settings.asyncpg_dsn(), settings.sqlalchemy_url()) == (asyncpg, sqlalchemy)
+
+
+def test_settings_survive_a_trip_through_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = PlannerSettings(
+        kafka={"bootstrap_servers": "k1:9092,k2:9092", "partitions": 12},
+        postgres={"url": "postgresql://u:secret@db:5432/w"},
+        metrics_port=0,
+    )
+    for key, value in settings_environment(original).items():
+        monkeypatch.setenv(key, value)
+    assert load_settings(PlannerSettings) == original
