@@ -201,11 +201,14 @@ class EpochBumped(Event, kw_only=True, frozen=True, tag="epoch.bumped"):
 
 
 class WarmItem(Struct, frozen=True, gc=False):
-    """One prefix to pre-fill: its id, its tokens, and the payload that renders it."""
+    """One prefix to pre-fill: its id, its tokens, the payload that renders it, and the namespace it
+    belongs to (the tenant picks the `cache_salt`; a plan for a replica mixes tenants)."""
 
     prefix_id: PrefixId
     tokens: Tokens
     payload: PrefixPayload
+    tenant: OptionalName = ""
+    prompt_rev: OptionalName = ""
 
 
 class WarmPlanIssued(Event, kw_only=True, frozen=True, tag="warm_plan.issued"):

@@ -1,8 +1,8 @@
 """Wiring the planner: a faststream batch subscriber over the traffic and lifecycle topics.
 
 `build_planner` makes the app from settings; its lifespan owns every resource (the Postgres pool,
-the dead-letter producer, the writer task, the metrics endpoint, the retention sweep) and releases
-them in reverse order. Nothing is created at import time.
+the producer of dead letters and plans, the writer task, the metrics endpoint, the retention sweep)
+and releases them in reverse order. Nothing is created at import time.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from warmplane.services.planner.core.node_cache import NodeCache
 from warmplane.services.planner.dead_letters import KafkaDeadLetterSink
 from warmplane.services.planner.ingestor import Ingestor, Offsets, Partition
 from warmplane.services.planner.metrics import PlannerMetrics
+from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.pg_store import PgIngestStore
+from warmplane.services.planner.plans import KafkaPlanPublisher, PlanIssuer
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.kafka_admin import ensure_topics
@@ -115,7 +117,7 @@ async def _resources(
         await require_schema_at_head(pool)
         producer = AIOKafkaProducer(
             bootstrap_servers=kafka.bootstrap_servers,
-            client_id=f"{kafka.client_id}-planner-dlq",
+            client_id=f"{kafka.client_id}-planner-out",  # dead letters and plans
             acks="all",
             request_timeout_ms=kafka.request_timeout_ms,
         )
@@ -126,8 +128,16 @@ async def _resources(
             stack.callback(server.shutdown)
         ingest = settings.ingest
         store = PgIngestStore(pool, ingest.group_id)
+        codec = EventCodec(kafka.max_event_bytes)
+        issuer = PlanIssuer(
+            store=PgPlanStore(pool),
+            publisher=KafkaPlanPublisher(producer, topics.plans, codec, kafka.commit_timeout_s),
+            settings=settings.plans,
+            bucket_seconds=ingest.bucket_seconds,
+            metrics=metrics,
+        )
         ingestor = Ingestor(
-            codec=EventCodec(kafka.max_event_bytes),
+            codec=codec,
             store=store,
             dead_letters=KafkaDeadLetterSink(
                 producer, topics.dead_letter, ingest.group_id, kafka.commit_timeout_s
@@ -139,6 +149,7 @@ async def _resources(
             window_per_partition=ingest.dedup_window_per_partition,
             queue_depth=ingest.writer_queue_depth,
             on_failure=on_failure,
+            after_commit=issuer.after_commit,
         )
         ingestor.start()
         sweeper = asyncio.create_task(_sweep_forever(store, settings), name="planner-retention")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import attrgetter
@@ -78,6 +78,7 @@ class Ingestor:
         window_per_partition: int,
         queue_depth: int = 2,
         on_failure: Callable[[], None] = lambda: None,
+        after_commit: Callable[[IngestBatch], Awaitable[None]] | None = None,
     ) -> None:
         self._codec = codec
         self._store = store
@@ -95,6 +96,8 @@ class Ingestor:
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._on_failure = on_failure
+        self._after_commit = after_commit
+        """Called with each batch holding replica events once it committed (the plan issuer)."""
 
     def start(self) -> None:
         if self._task is None:
@@ -241,6 +244,8 @@ class Ingestor:
         self._metrics.duplicates.inc(work.duplicates)
         for kind, count in Counter(type(event) for event in work.events).items():
             self._metrics.events.labels(type=event_type(kind)).inc(count)
+        if batch.replica_events and self._after_commit is not None:
+            await self._after_commit(batch)
         try:
             await work.consumer.commit({p: s.last_offset + 1 for p, s in work.slices.items()})
         except Exception:  # the database holds the truth; the broker's copy only serves monitoring

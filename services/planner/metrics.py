@@ -30,6 +30,16 @@ class PlannerMetrics:
             "Broker offset commits that failed (batch replays)",
             registry=registry,
         )
+        self.plans_issued = Counter(
+            "warmplane_planner_plans_issued",
+            "Warm plans recorded and published",
+            registry=registry,
+        )
+        self.plan_failures = Counter(
+            "warmplane_planner_plan_failures",
+            "Warm plans that could not be chosen, recorded or published",
+            registry=registry,
+        )
         self.batch_seconds = Histogram(
             "warmplane_planner_batch_write_seconds",
             "Time to write one batch to Postgres",

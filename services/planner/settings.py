@@ -1,4 +1,4 @@
-"""The planner's settings: `WARMPLANE_INGEST__*` on top of the shared parts."""
+"""The planner's settings: `WARMPLANE_INGEST__*` and `WARMPLANE_PLANS__*` on top of the shared parts."""
 
 from __future__ import annotations
 
@@ -30,7 +30,20 @@ class IngestSettings(BaseModel):
     writer_queue_depth: Positive = 4
 
 
+class PlanSettings(BaseModel):
+    """How the planner chooses a starting replica's warm plan (the simple policy)."""
+
+    budget_tokens: Annotated[int, Field(gt=0, le=2**31 - 1)] = 200_000
+    """The most tokens a plan's items add up to."""
+    max_items: Annotated[int, Field(gt=0, le=100_000)] = 256
+    deadline_s: Annotated[float, Field(gt=0)] = 120.0
+    """How long after issuing the warmer has to carry the plan out."""
+    window_hours: Hours = 24.0
+    """How far back request counts make a prefix popular."""
+
+
 class PlannerSettings(WarmplaneSettings):
     ingest: IngestSettings = IngestSettings()
+    plans: PlanSettings = PlanSettings()
     metrics_port: Annotated[int, Field(ge=0, le=65_535)] = 9464
     """Port of the Prometheus endpoint; 0 turns it off."""

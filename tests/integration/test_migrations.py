@@ -24,6 +24,7 @@ PLANNER_TABLES = {
     "replicas",
     "replica_transitions",
     "fleet_changes",
+    "warm_plans",
 }
 _TIMEOUT_S = 10.0
 
@@ -119,6 +120,13 @@ async def test_a_migrated_database_accepts_the_planner_rows(empty_database: str)
             await db.execute(
                 "INSERT INTO replicas (replica_id, node, model, model_revision, endpoint, state, state_since,"
                 " last_event_id) VALUES ('r', 'n', 'm', '', '', 'confused', now(), $1)",
+                uuid.uuid4(),
+            )
+        with pytest.raises(asyncpg.CheckViolationError):
+            await db.execute(
+                "INSERT INTO warm_plans (plan_id, replica_id, node, model, epoch, state, items,"
+                " budget_tokens, deadline, issued_at, trigger_event_id)"
+                " VALUES ($1, 'r', 'n', 'm', 0, 'unsure', '[]', 1, now(), now(), $1)",
                 uuid.uuid4(),
             )
     finally:

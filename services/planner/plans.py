@@ -1,0 +1,154 @@
+"""Issuing warm plans: after a batch holding `replica.started` events commits, plan each new replica.
+
+For each starting replica: choose the model's most valuable catalogued prefixes under the budget
+(`core.simple_plan`), record the plan in Postgres (unique on the triggering event, so a redelivered
+`replica.started` issues nothing), and only when the row was inserted publish `WarmPlanIssued` to the
+plans topic, keyed by node.
+
+Delivery: a plan is recorded before it is published. If publishing fails the row stays `issued` and the
+failure is logged; re-publishing issued plans is left to later at-least-once work (the row holds all a
+re-publish needs, and the plan's event id is its plan id, so consumers see a re-publish as a duplicate).
+A planner that crashes between a batch's commit and its plans issues none for that batch's replicas:
+the same later work (replicas `starting` without a plan) must cover it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from aiokafka import AIOKafkaProducer
+
+from warmplane.services.planner.core.ingest_batch import IngestBatch
+from warmplane.services.planner.core.simple_plan import Candidate, NodeKey, choose_warm_set
+from warmplane.services.planner.metrics import PlannerMetrics
+from warmplane.services.planner.settings import PlanSettings
+from warmplane.shared.codec import EventCodec
+from warmplane.shared.event_ids import new_event_id
+from warmplane.shared.events import PrefixPayload, ReplicaStarted, WarmItem, WarmPlanIssued
+from warmplane.shared.topics import partition_key
+
+log = logging.getLogger(__name__)
+
+
+class PlanStore(Protocol):
+    """What issuing needs of the database (`pg_plans.PgPlanStore` is the real one)."""
+
+    async def candidates(self, model: str, since_bucket: int) -> list[Candidate]: ...
+    async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]: ...
+    async def scope_names(self, scope_ids: Sequence[int]) -> dict[int, tuple[str, str]]: ...
+    async def planned(self, trigger_event_id: uuid.UUID) -> bool: ...
+    async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool: ...
+
+
+class PlanPublisher(Protocol):
+    async def publish(self, plan: WarmPlanIssued) -> None:
+        """Return once the broker acknowledged `plan`; raise if it did not in time."""
+
+
+class KafkaPlanPublisher:
+    """Publishes plans through a started producer the caller owns (acks='all'), keyed by node."""
+
+    def __init__(self, producer: AIOKafkaProducer, topic: str, codec: EventCodec, timeout_s: float) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._codec = codec
+        self._timeout_s = timeout_s
+
+    async def publish(self, plan: WarmPlanIssued) -> None:
+        sent = await self._producer.send(self._topic, value=self._codec.encode(plan), key=partition_key(plan))
+        await asyncio.wait_for(sent, self._timeout_s)
+
+
+class PlanIssuer:
+    """Plans starting replicas. `after_commit` is the ingestor's hook; `issue` plans one replica."""
+
+    def __init__(
+        self,
+        *,
+        store: PlanStore,
+        publisher: PlanPublisher,
+        settings: PlanSettings,
+        bucket_seconds: int,
+        metrics: PlannerMetrics,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._store = store
+        self._publisher = publisher
+        self._settings = settings
+        self._bucket_seconds = bucket_seconds
+        self._metrics = metrics
+        self._clock = clock
+
+    async def after_commit(self, batch: IngestBatch) -> None:
+        """Plan every replica that `batch` (already committed) reports starting. Never raises: the batch's
+        counts stand whatever happens to its plans, and a failure is logged and counted."""
+        for event in batch.replica_events:
+            if isinstance(event, ReplicaStarted):
+                try:
+                    await self.issue(event)
+                except Exception:  # a plan must not stop ingestion; later work re-plans (module doc)
+                    self._metrics.plan_failures.inc()
+                    log.exception("could not plan replica %s (event %s)", event.replica, event.event_id)
+
+    async def issue(self, started: ReplicaStarted) -> WarmPlanIssued | None:
+        """Choose, record and publish the plan `started` triggers; None if one was already recorded.
+
+        Returns the plan once recorded, even if publishing it failed (logged, counted). Raises what the
+        store raises (asyncpg and OS errors) before anything is recorded.
+        """
+        if await self._store.planned(started.event_id):
+            return None
+        plan = await self._choose(started)
+        if not await self._store.record(plan, started.event_id):
+            return None  # a concurrent planner recorded it first
+        try:
+            await self._publisher.publish(plan)
+        except Exception:
+            self._metrics.plan_failures.inc()
+            log.exception("plan %s is recorded but not published; it stays 'issued'", plan.plan_id)
+            return plan
+        self._metrics.plans_issued.inc()
+        log.info(
+            "issued plan %s for replica %s on %s: %d items, %d tokens",
+            plan.plan_id,
+            plan.replica,
+            plan.node,
+            len(plan.items),
+            sum(item.tokens for item in plan.items),
+        )
+        return plan
+
+    async def _choose(self, started: ReplicaStarted) -> WarmPlanIssued:
+        settings = self._settings
+        now = self._clock()
+        since = now - timedelta(hours=settings.window_hours)
+        offered = await self._store.candidates(
+            started.model.name, int(since.timestamp()) // self._bucket_seconds
+        )
+        chosen = choose_warm_set(offered, budget_tokens=settings.budget_tokens, max_items=settings.max_items)
+        payloads = await self._store.payloads([c.node.key for c in chosen])
+        names = await self._store.scope_names(sorted({c.node.key[0] for c in chosen}))
+        items = [
+            WarmItem(c.node.key[1], c.node.tokens, payloads[c.node.key], *names[c.node.key[0]])
+            for c in chosen
+            if c.node.key in payloads and c.node.key[0] in names
+        ]
+        plan_id = new_event_id()  # also the event id: a re-publish of the plan is the same event
+        return WarmPlanIssued(
+            event_id=plan_id,
+            occurred_at=now,
+            producer="planner",
+            model=started.model,
+            epoch=started.epoch or 0,
+            plan_id=plan_id,
+            replica=started.replica,
+            node=started.node,
+            items=items,
+            budget_tokens=settings.budget_tokens,
+            deadline=now + timedelta(seconds=settings.deadline_s),
+        )

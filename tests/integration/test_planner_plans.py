@@ -1,0 +1,211 @@
+"""Warm plans on the real broker and Postgres: a starting replica gets one plan of the most requested
+catalogued prefixes, keyed by its node; a redelivered `replica.started` gets none."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import UTC, datetime
+
+import asyncpg
+import msgspec
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
+from prometheus_client import CollectorRegistry
+
+from tests.integration.planner_harness import MODEL, poll_until, produce, request, running_planner
+from warmplane.services.planner.metrics import PlannerMetrics
+from warmplane.services.planner.pg_plans import PgPlanStore
+from warmplane.services.planner.plans import PlanIssuer
+from warmplane.services.planner.settings import PlannerSettings, PlanSettings
+from warmplane.shared.codec import EventCodec
+from warmplane.shared.event_ids import new_event_id
+from warmplane.shared.events import (
+    Event,
+    ModelRef,
+    PrefixPayload,
+    ReplicaStarted,
+    ReplicaWeightsLoaded,
+    WarmItem,
+    WarmPlanIssued,
+)
+from warmplane.shared.settings import KafkaSettings
+from warmplane.shared.topics import Topics
+
+_TIMEOUT_S = 30.0
+
+
+def payload(prefix_id: int) -> PrefixPayload:
+    return PrefixPayload(prefix_id=prefix_id, messages=[{"role": "system", "content": f"prefix {prefix_id}"}])
+
+
+def traffic() -> list[Event]:
+    """Requests of the planned model (two tenants) and of another model, with a few payloads.
+
+    Through-counts (tokens): acme 1: 13 (100), 2: 5 (200), 3: 5 (300), 4: 8 (200), 9: 20 (100),
+    10: 20 (200), 20..22: 30 (uncatalogued); globex 30: 3 (100). Catalogued: acme 1, 3, 4, 9; globex 30.
+    """
+    events: list[Event] = []
+    events += [request([1, 2, 3], payload=payload(3) if i == 0 else None) for i in range(5)]
+    events += [request([1, 4], payload={0: payload(4), 1: payload(1)}.get(i)) for i in range(8)]
+    events += [request([9, 10], payload=payload(9) if i == 0 else None) for i in range(20)]
+    events += [request([20, 21, 22]) for _ in range(30)]
+    events += [request([30], tenant="globex", payload=payload(30) if i == 0 else None) for i in range(3)]
+    other = ModelRef("other-model", "rev-1")
+    events += [msgspec.structs.replace(request([9, 10], payload=payload(10)), model=other) for _ in range(50)]
+    return events
+
+
+def started(replica: str, node: str) -> ReplicaStarted:
+    return ReplicaStarted(
+        event_id=new_event_id(),
+        occurred_at=datetime.now(UTC),
+        producer="warmer",
+        model=MODEL,
+        replica=replica,
+        node=node,
+        epoch=3,
+    )
+
+
+async def read_topic(kafka: KafkaSettings, topic: str) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every record of `topic` up to its current end, read without a group."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
+    await asyncio.wait_for(consumer.start(), _TIMEOUT_S)
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(kafka.partitions)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning()
+        ends = await consumer.end_offsets(partitions)
+        records: list[ConsumerRecord[bytes, bytes]] = []
+        deadline = time.monotonic() + _TIMEOUT_S
+        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out reading {topic} with {len(records)} records read")
+            for batch in (await consumer.getmany(timeout_ms=200)).values():
+                records.extend(batch)
+        return records
+    finally:
+        await consumer.stop()
+
+
+async def test_a_starting_replica_gets_one_plan_of_the_most_requested_prefixes(
+    planner_settings: PlannerSettings,
+) -> None:
+    settings = planner_settings.model_copy(update={"plans": PlanSettings(budget_tokens=500, max_items=10)})
+    kafka = settings.kafka
+    plans_topic = Topics(kafka.topic_prefix).plans
+    codec = EventCodec(kafka.max_event_bytes)
+    events = traffic()
+    await produce(kafka, events)
+    db = await asyncpg.connect(settings.postgres.asyncpg_dsn())
+    try:
+        total = "SELECT coalesce(sum(requests), 0) FROM prefix_stats"
+        async with running_planner(settings) as planner:
+            # Popularity first: the lifecycle topic is read independently of the requests topic.
+            await poll_until(lambda: _equals(db, total, len(events)), timeout_s=_TIMEOUT_S, what="traffic")
+            trigger = started("r-new", "node-7")
+            await produce(kafka, [trigger])
+            await poll_until(lambda: _issued(planner.metrics, 1), timeout_s=_TIMEOUT_S, what="a plan")
+
+            records = await read_topic(kafka, plans_topic)
+            assert len(records) == 1
+            [record] = records
+            plan = codec.decode(record.value)
+            assert isinstance(plan, WarmPlanIssued)
+            assert record.key == b"node-7"
+            assert record.partition == DefaultPartitioner()(b"node-7", list(range(kafka.partitions)), [])
+            assert (plan.replica, plan.node, plan.epoch, plan.budget_tokens) == ("r-new", "node-7", 3, 500)
+            assert plan.event_id == plan.plan_id and plan.model == MODEL
+            # Values (requests x tokens): 9 2000, 4 1600, 3 1500 (does not fit), 1 1300, globex 30 300.
+            assert plan.items == [
+                WarmItem(9, 100, payload(9), "acme"),
+                WarmItem(1, 100, payload(1), "acme"),
+                WarmItem(30, 100, payload(30), "globex"),
+                WarmItem(4, 200, payload(4), "acme"),
+            ]
+            assert (plan.deadline - plan.occurred_at).total_seconds() == settings.plans.deadline_s
+
+            row = await db.fetchrow("SELECT * FROM warm_plans")
+            assert (row["plan_id"], row["replica_id"], row["node"], row["model"]) == (
+                plan.plan_id,
+                "r-new",
+                "node-7",
+                MODEL.name,
+            )
+            assert (row["state"], row["epoch"], row["trigger_event_id"]) == ("issued", 3, trigger.event_id)
+            assert msgspec.json.decode(row["items"].encode(), type=list[WarmItem]) == plan.items
+
+            # The same event again, then a later one on the replica's partition to know it was read.
+            loaded = ReplicaWeightsLoaded(
+                event_id=new_event_id(),
+                occurred_at=datetime.now(UTC),
+                producer="warmer",
+                model=MODEL,
+                replica="r-new",
+                node="node-7",
+            )
+            await produce(kafka, [trigger, loaded])
+            state = "SELECT state FROM replicas WHERE replica_id = 'r-new'"
+            await poll_until(lambda: _equals(db, state, "loading"), timeout_s=_TIMEOUT_S, what="the marker")
+        # Leaving the block drained the writer: whatever the copy could have triggered has happened.
+        assert len(await read_topic(kafka, plans_topic)) == 1
+        assert await db.fetchval("SELECT count(*) FROM warm_plans") == 1
+        assert planner.metrics.plans_issued._value.get() == 1
+        assert planner.metrics.plan_failures._value.get() == 0
+    finally:
+        await db.close()
+
+
+class _Published:
+    def __init__(self, fail: bool = False) -> None:
+        self.plans: list[WarmPlanIssued] = []
+        self._fail = fail
+
+    async def publish(self, plan: WarmPlanIssued) -> None:
+        if self._fail:
+            raise TimeoutError("the broker did not acknowledge")
+        self.plans.append(plan)
+
+
+async def test_issuing_is_idempotent_on_the_trigger_and_records_before_publishing(
+    migrated_database: str,
+) -> None:
+    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
+    try:
+        store = PgPlanStore(pool)
+        published, broken = _Published(), _Published(fail=True)
+        metrics = PlannerMetrics(CollectorRegistry())
+
+        def issuer(publisher: _Published) -> PlanIssuer:
+            return PlanIssuer(
+                store=store, publisher=publisher, settings=PlanSettings(), bucket_seconds=60, metrics=metrics
+            )
+
+        trigger = started("r-1", "node-1")
+        plan = await issuer(published).issue(trigger)
+        assert plan is not None and plan.items == []  # no traffic yet: an empty plan, still issued
+        assert await issuer(published).issue(trigger) is None
+        assert published.plans == [plan]
+        # Two planners racing past the existence check: the unique trigger lets one row in.
+        assert (
+            await store.record(msgspec.structs.replace(plan, plan_id=uuid.uuid4()), trigger.event_id) is False
+        )
+
+        unpublished = await issuer(broken).issue(started("r-2", "node-1"))
+        assert unpublished is not None
+        state = await pool.fetchval("SELECT state FROM warm_plans WHERE plan_id = $1", unpublished.plan_id)
+        assert state == "issued"
+        assert metrics.plan_failures._value.get() == 1
+        assert await pool.fetchval("SELECT count(*) FROM warm_plans") == 2
+    finally:
+        await pool.close()
+
+
+async def _issued(metrics: PlannerMetrics, count: int) -> bool:
+    return bool(metrics.plans_issued._value.get() >= count)
+
+
+async def _equals(db: asyncpg.Connection, query: str, value: object) -> bool:
+    return bool(await db.fetchval(query) == value)

@@ -1,0 +1,118 @@
+"""Issuing plans with in-memory parts: what triggers a plan, what it holds, and that failures never
+escape into the ingestion writer."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client import CollectorRegistry
+
+from warmplane.services.planner.core.ingest_batch import IngestBatch
+from warmplane.services.planner.core.simple_plan import Candidate, NodeKey, PrefixNode
+from warmplane.services.planner.metrics import PlannerMetrics
+from warmplane.services.planner.plans import PlanIssuer
+from warmplane.services.planner.settings import PlanSettings
+from warmplane.shared.event_ids import new_event_id
+from warmplane.shared.events import (
+    ModelRef,
+    PrefixPayload,
+    ReplicaBecameReady,
+    ReplicaEvent,
+    ReplicaStarted,
+    WarmItem,
+    WarmPlanIssued,
+)
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+MODEL = ModelRef("m", "r1")
+
+
+class MemoryPlans:
+    def __init__(self, candidates: list[Candidate], payloads: dict[NodeKey, PrefixPayload]) -> None:
+        self._candidates = candidates
+        self._payloads = payloads
+        self.rows: dict[uuid.UUID, WarmPlanIssued] = {}
+        self.asked: list[tuple[str, int]] = []
+        self.fail = False
+
+    async def candidates(self, model: str, since_bucket: int) -> list[Candidate]:
+        if self.fail:
+            raise OSError("connection reset")
+        self.asked.append((model, since_bucket))
+        return self._candidates
+
+    async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]:
+        return {key: self._payloads[key] for key in keys if key in self._payloads}
+
+    async def scope_names(self, scope_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+        return {scope_id: (f"tenant-{scope_id}", "v1") for scope_id in scope_ids}
+
+    async def planned(self, trigger_event_id: uuid.UUID) -> bool:
+        return trigger_event_id in self.rows
+
+    async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool:
+        return self.rows.setdefault(trigger_event_id, plan) is plan
+
+
+class Published:
+    def __init__(self) -> None:
+        self.plans: list[WarmPlanIssued] = []
+
+    async def publish(self, plan: WarmPlanIssued) -> None:
+        self.plans.append(plan)
+
+
+def replica_event(kind: type[ReplicaEvent], epoch: int | None) -> ReplicaEvent:
+    return kind(
+        event_id=new_event_id(),
+        occurred_at=NOW,
+        producer="w",
+        model=MODEL,
+        replica="r",
+        node="n",
+        epoch=epoch,
+    )
+
+
+def issuer(store: MemoryPlans, published: Published, metrics: PlannerMetrics) -> PlanIssuer:
+    return PlanIssuer(
+        store=store,
+        publisher=published,
+        settings=PlanSettings(budget_tokens=250, deadline_s=90, window_hours=2),
+        bucket_seconds=60,
+        metrics=metrics,
+        clock=lambda: NOW,
+    )
+
+
+def test_started_replicas_get_one_plan_each_and_other_transitions_none() -> None:
+    swept = PrefixNode((1, 8), None, 0, 50)  # catalogued when chosen, its payload swept since
+    nodes = [PrefixNode((1, 5), None, 0, 100), PrefixNode((2, 5), None, 0, 200), swept]
+    store = MemoryPlans(
+        [Candidate(nodes[0], 3, True), Candidate(nodes[1], 1, True), Candidate(swept, 9, True)],
+        {(1, 5): PrefixPayload(5, prompt="hello"), (2, 5): PrefixPayload(5, prompt="other tenant")},
+    )
+    published, metrics = Published(), PlannerMetrics(CollectorRegistry())
+    start = replica_event(ReplicaStarted, None)
+    batch = IngestBatch(replica_events=[start, replica_event(ReplicaBecameReady, 4), start])
+    asyncio.run(issuer(store, published, metrics).after_commit(batch))
+
+    [plan] = published.plans
+    # Chosen by value under 250 tokens: (1, 8) 450, (1, 5) 300; (2, 5) does not fit. (1, 8) lost its payload.
+    # Each item names its tenant and prompt revision: the warmer derives the cache_salt from them.
+    assert plan.items == [WarmItem(5, 100, PrefixPayload(5, prompt="hello"), "tenant-1", "v1")]
+    assert (plan.epoch, plan.budget_tokens, plan.deadline) == (0, 250, NOW + timedelta(seconds=90))
+    assert store.asked == [("m", int((NOW - timedelta(hours=2)).timestamp()) // 60)]
+    assert metrics.plans_issued._value.get() == 1
+
+
+def test_a_failing_store_is_counted_and_never_raised() -> None:
+    store, published, metrics = MemoryPlans([], {}), Published(), PlannerMetrics(CollectorRegistry())
+    store.fail = True
+    batch = IngestBatch(replica_events=[replica_event(ReplicaStarted, 2)])
+    asyncio.run(issuer(store, published, metrics).after_commit(batch))
+    assert published.plans == [] and store.rows == {}
+    assert metrics.plan_failures._value.get() == 1
