@@ -241,7 +241,12 @@ async def planner_processes_run(
         for child in children:
             child.terminate()
         for child in children:
-            await asyncio.wait_for(child.wait(), 30)
+            try:
+                await asyncio.wait_for(child.wait(), 30)
+            except TimeoutError:
+                if os.environ.get("BENCH_DUMP_STUCK"):
+                    subprocess.run(["py-spy", "dump", "--pid", str(child.pid)], check=False)
+                raise
         log.close()
 
 

@@ -91,6 +91,7 @@ class Ingestor:
         self._windows: dict[Partition, RecentIds] = {}
         self._restoring: dict[Partition, asyncio.Future[None]] = {}
         self._submitted: Offsets = {}
+        self._broker_commits = True
         """Per partition, the next offset after the last batch submitted to the writer."""
         self._queue: asyncio.Queue[_Work | None] = asyncio.Queue(maxsize=queue_depth)
         self._task: asyncio.Task[None] | None = None
@@ -201,13 +202,23 @@ class Ingestor:
         return f"payload of {size} bytes exceeds catalog_max_payload_bytes={self._max_payload_bytes}"
 
     async def flush(self) -> None:
-        """Return once everything submitted so far is written (or failed)."""
-        await self._queue.join()
+        """Return once everything submitted so far is written (or failed).
+
+        Called when partitions are revoked: the consumer is leaving or rebalancing, so the broker's
+        copy of the offsets is skipped meanwhile (each commit may wait out its timeout against a
+        consumer that is stopping; Postgres holds the positions the next owner resumes from).
+        """
+        self._broker_commits = False
+        try:
+            await self._queue.join()
+        finally:
+            self._broker_commits = True
 
     async def drain(self) -> None:
-        """Write everything queued, commit its offsets, and stop the writer task."""
+        """Write everything queued and stop the writer task; the broker's offsets are not updated."""
         if self._task is None:
             return
+        self._broker_commits = False
         await self._queue.put(None)
         await self._task
         self._task = None
@@ -246,6 +257,8 @@ class Ingestor:
             self._metrics.events.labels(type=event_type(kind)).inc(count)
         if batch.replica_events and self._after_commit is not None:
             await self._after_commit(batch)
+        if not self._broker_commits:
+            return
         try:
             await work.consumer.commit({p: s.last_offset + 1 for p, s in work.slices.items()})
         except Exception:  # the database holds the truth; the broker's copy only serves monitoring
