@@ -245,7 +245,8 @@ async def planner_processes_run(
                 await asyncio.wait_for(child.wait(), 30)
             except TimeoutError:
                 if os.environ.get("BENCH_DUMP_STUCK"):
-                    subprocess.run(["py-spy", "dump", "--pid", str(child.pid)], check=False)
+                    dump = await asyncio.create_subprocess_exec("py-spy", "dump", "--pid", str(child.pid))
+                    await dump.wait()
                 raise
         log.close()
 
