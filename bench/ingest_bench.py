@@ -9,6 +9,10 @@ Shapes: `fleet` is a multi-tenant fleet whose requests share system prompts, doc
 (chains of 3 to 4 segments, Zipf-distributed, so leaves repeat); `mooncake` replays the chains of
 the real conversation trace in ../shared/traces (14 blocks a request, most of them unique), where
 almost every request adds new chain nodes and a new leaf row.
+
+`--planners N` runs N planner processes in one consumer group instead of one in-process planner;
+`--profile N` prints the in-process planner's top N functions; with BENCH_DUMP_STUCK=1 (and py-spy
+installed) a planner process that does not exit within 30 s of SIGTERM is dumped.
 """
 
 from __future__ import annotations
