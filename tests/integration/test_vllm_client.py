@@ -13,7 +13,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -41,15 +41,6 @@ def _conversation(rng: random.Random) -> list[Message]:
         {"role": "user", "content": _words(rng, 100)},
         {"role": "assistant", "content": _words(rng, 80)},
     ]
-
-
-def _common_prefix(left: Sequence[int], right: Sequence[int]) -> int:
-    length = 0
-    for a, b in zip(left, right, strict=False):
-        if a != b:
-            break
-        length += 1
-    return length
 
 
 def _salt(tenant: str, engine: EmbeddedVllm, secret: bytes, epoch: int = 1) -> str:
@@ -121,7 +112,7 @@ async def test_warmed_conversation_is_reused_by_the_next_real_turn(
     assert len(warm_ids) == warmed.prompt_tokens
     assert len(real_ids) == usage["prompt_tokens"]
     # The warm-up's rendering is a strict token prefix of the real turn's, so all its whole blocks count.
-    assert _common_prefix(warm_ids, real_ids) == len(warm_ids)
+    assert real_ids[: len(warm_ids)] == warm_ids  # the warm renders to a strict token prefix
     full_blocks = BLOCK_SIZE * (warmed.prompt_tokens // BLOCK_SIZE)
     assert _cached(usage) == full_blocks >= probed
     assert _cached(usage) % BLOCK_SIZE == 0
