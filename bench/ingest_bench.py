@@ -11,8 +11,9 @@ the real conversation trace in ../shared/traces (14 blocks a request, most of th
 almost every request adds new chain nodes and a new leaf row.
 
 `--planners N` runs N planner processes in one consumer group instead of one in-process planner;
-`--profile N` prints the in-process planner's top N functions; with BENCH_DUMP_STUCK=1 (and py-spy
-installed) a planner process that does not exit within 30 s of SIGTERM is dumped.
+`--profile N` prints the in-process planner's top N functions; with BENCH_DUMP_STUCK=1 a planner
+process that does not exit within 30 s of SIGTERM logs its asyncio tasks' stacks (to the file named by
+BENCH_PLANNER_LOG) before the bench fails.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import cProfile
 import os
 import pstats
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -249,8 +251,8 @@ async def planner_processes_run(
                 await asyncio.wait_for(child.wait(), 30)
             except TimeoutError:
                 if os.environ.get("BENCH_DUMP_STUCK"):
-                    dump = await asyncio.create_subprocess_exec("py-spy", "dump", "--pid", str(child.pid))
-                    await dump.wait()
+                    child.send_signal(signal.SIGUSR1)  # the planner logs its tasks' stacks
+                    await asyncio.sleep(1)  # let it write them before the error ends the bench
                 raise
         log.close()
 

@@ -14,9 +14,10 @@ database too, for lag monitoring and for tools that read it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import attrgetter
@@ -210,7 +211,7 @@ class Ingestor:
         """
         self._broker_commits = False
         try:
-            await self._queue.join()
+            await self._unless_writer_stops(self._queue.join())
         finally:
             self._broker_commits = True
 
@@ -219,9 +220,22 @@ class Ingestor:
         if self._task is None:
             return
         self._broker_commits = False
-        await self._queue.put(None)
-        await self._task
-        self._task = None
+        await self._unless_writer_stops(self._queue.put(None))
+        task, self._task = self._task, None
+        await asyncio.gather(task, return_exceptions=True)  # a writer that failed has logged why
+
+    async def _unless_writer_stops(self, waiting: Coroutine[object, object, None]) -> None:
+        """Await `waiting`, unless the writer task ends first: a dead writer empties no queue, and
+        waiting on it would hang shutdown (seen: a writer killed by a database error)."""
+        pending = asyncio.ensure_future(waiting)
+        if self._task is None:
+            await pending
+            return
+        await asyncio.wait([pending, self._task], return_when=asyncio.FIRST_COMPLETED)
+        if not pending.done():
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
 
     async def _run(self) -> None:
         while True:

@@ -8,6 +8,7 @@ and the consumer resumes exactly after the last batch that committed.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ from warmplane.services.planner.core.recent_ids import pack_ids, unpack_ids
 from warmplane.shared.events import Event, ReplicaEvent
 
 _json = msgspec.json.Encoder()
+log = logging.getLogger(__name__)
 
 INGEST_BATCH = "SELECT warmplane_ingest_batch(" + ", ".join(f"${n}" for n in range(1, 34)) + ")"
 """One round trip: offsets (fenced), ledger, counts, chain paths and catalog (migration 0002)."""
 FENCED_SQLSTATE = "WP001"
+_DEADLOCK_RETRIES = 3
 STORED_OFFSETS = """
 SELECT topic, partition, next_offset FROM ingest_offsets
 WHERE group_id = $1 AND (topic, partition) IN (SELECT * FROM unnest($2::text[], $3::int[]))
@@ -100,30 +103,45 @@ class PgIngestStore:
 
         Raises `Fenced` (and writes nothing) if any partition's stored position is not the one its
         slice expects (another consumer moved it); raises asyncpg's `DataError` if Postgres refuses
-        a value.
+        a value. A deadlock with another planner's batch is retried, at most `_DEADLOCK_RETRIES` times.
         """
         async with self._pool.acquire() as connection:
             # Scopes are created outside the batch's transaction: harmless if it rolls back, and the
             # id cache then never holds an id that was rolled back.
             await self.scope_ids(connection, batch.scopes())
-            try:
-                if batch.replica_events or batch.fleet_changes:
-                    async with connection.transaction():
-                        await self._ingest(connection, slices, batch)
-                        await self._record_fleet(connection, batch)
-                else:  # one statement: its own transaction, one round trip
-                    await self._ingest(connection, slices, batch)
-            except asyncpg.PostgresError as exc:
-                if exc.sqlstate == FENCED_SQLSTATE:
-                    raise Fenced({(s.topic, s.partition) for s in slices}) from None
-                raise
+            for attempt in range(_DEADLOCK_RETRIES + 1):
+                try:
+                    await self._write_once(connection, slices, batch)
+                    return
+                except asyncpg.DeadlockDetectedError:
+                    if attempt == _DEADLOCK_RETRIES:
+                        raise
+                    log.warning("batch deadlocked with another planner's; retrying (%d)", attempt + 1)
+                except asyncpg.PostgresError as exc:
+                    if exc.sqlstate == FENCED_SQLSTATE:
+                        raise Fenced({(s.topic, s.partition) for s in slices}) from None
+                    raise
+
+    async def _write_once(
+        self, connection: asyncpg.Connection, slices: Sequence[PartitionSlice], batch: IngestBatch
+    ) -> None:
+        if batch.replica_events or batch.fleet_changes:
+            async with connection.transaction():
+                await self._ingest(connection, slices, batch)
+                await self._record_fleet(connection, batch)
+        else:  # one statement: its own transaction, one round trip
+            await self._ingest(connection, slices, batch)
 
     async def _ingest(
         self, connection: asyncpg.Connection, slices: Sequence[PartitionSlice], batch: IngestBatch
     ) -> None:
         ids = {scope: self._scope_ids[scope] for scope in batch.scopes()}
-        counts, misses = batch.request_counts, batch.miss_counts
-        paths, catalog = batch.paths, batch.catalog
+        # Rows in key order: two planners upserting overlapping keys then lock them in the same
+        # order instead of deadlocking (seen with two planners in one group before sorting).
+        counts = dict(sorted(batch.request_counts.items(), key=lambda kv: (ids[kv[0][0]], *kv[0][1:])))
+        misses = dict(sorted(batch.miss_counts.items(), key=lambda kv: (ids[kv[0][0]], *kv[0][1:])))
+        paths = dict(sorted(batch.paths.items(), key=lambda kv: (ids[kv[0][0]], kv[0][1])))
+        catalog = dict(sorted(batch.catalog.items(), key=lambda kv: (ids[kv[0][0]], kv[0][1])))
         await connection.execute(
             INGEST_BATCH,
             self._group_id,
