@@ -176,18 +176,12 @@ async def planner_run(settings: PlannerSettings, total: int, requests: int) -> f
     """Events/s of the planner, from its first counted batch until all `total` are committed."""
     planner = build_planner(settings)
     task = asyncio.create_task(planner.app.run())
-    counter = planner.metrics.events
     try:
-        done = 0.0
-        first: tuple[float, float, float] | None = None
+        done = 0
+        first: tuple[float, int, float] | None = None
         while done < total:
             await asyncio.sleep(0.002)
-            done = sum(
-                sample.value
-                for metric in counter.collect()
-                for sample in metric.samples
-                if sample.name.endswith("_total")
-            )
+            done = planner.metrics.events_ingested()
             if first is None and done:
                 first = (time.perf_counter(), done, time.process_time())
         assert first is not None

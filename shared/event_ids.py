@@ -1,11 +1,10 @@
-"""Event ids: UUIDv7 (RFC 9562), time-ordered so the idempotency index grows at its right edge."""
+"""Event ids: UUIDv7 (RFC 9562), time-ordered, so the ledger and anything indexed by id grow in order."""
 
 from __future__ import annotations
 
 import os
 import time
 import uuid
-from datetime import UTC, datetime
 
 _RAND_A_BITS = 12
 _RAND_B_BITS = 62
@@ -19,9 +18,3 @@ def new_event_id(now_ns: int | None = None) -> uuid.UUID:
     rand_b = rand & ((1 << _RAND_B_BITS) - 1)
     value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b
     return uuid.UUID(int=value)
-
-
-def event_id_floor(at: datetime) -> uuid.UUID:
-    """The smallest UUIDv7 of the millisecond `at`: ids below it were made before `at`."""
-    ms = int(at.astimezone(UTC).timestamp() * 1000)
-    return uuid.UUID(int=(ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | 0b10 << 62)

@@ -166,6 +166,4 @@ def _ancestors(prefix: int, parent: dict[int, int | None]) -> list[int]:
 
 
 def _counted(planner: Planner) -> int:
-    return int(
-        sum(s.value for m in planner.metrics.events.collect() for s in m.samples if s.name.endswith("_total"))
-    )
+    return planner.metrics.events_ingested()

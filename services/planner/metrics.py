@@ -46,3 +46,9 @@ class PlannerMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
             registry=registry,
         )
+
+    def events_ingested(self) -> int:
+        """Events counted into Postgres so far, all types together (for in-process progress)."""
+        return int(
+            sum(s.value for m in self.events.collect() for s in m.samples if s.name.endswith("_total"))
+        )

@@ -19,12 +19,10 @@ from warmplane.services.planner.core.ingest_batch import (
     NodeKey,
     Scope,
     fold_events,
-    new_only,
 )
 from warmplane.services.planner.core.node_cache import NodeCache
 from warmplane.shared.events import (
     DeployStarted,
-    Event,
     ModelRef,
     PrefixMissed,
     PrefixPayload,
@@ -261,19 +259,6 @@ def test_other_events_are_routed_or_ignored() -> None:
     assert batch.fleet_changes == [deploy]
     assert batch.ignored == 1
     assert batch.request_counts == {} and batch.scopes() == set()
-
-
-@settings(max_examples=200)
-@given(st.lists(st.integers(0, 5), max_size=20), st.sets(st.integers(0, 5)))
-def test_new_only_keeps_the_first_event_of_each_new_id(picks: list[int], new: set[int]) -> None:
-    ids = [uuid.UUID(int=i) for i in range(6)]
-    events: list[Event] = [_request_at(BASE, event_id=ids[pick]) for pick in picks]
-    new_ids = {ids[i] for i in new}
-
-    kept = new_only(events, new_ids)
-
-    firsts = [e for index, e in enumerate(events) if e.event_id not in {x.event_id for x in events[:index]}]
-    assert [id(e) for e in kept] == [id(e) for e in firsts if e.event_id in new_ids]
 
 
 def test_node_cache_rejects_a_capacity_below_one() -> None:

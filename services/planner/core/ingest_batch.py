@@ -1,15 +1,13 @@
 """Folding a batch of decoded events into the deltas one database transaction applies. Pure: no I/O.
 
-A batch becomes: the event ids to claim (the idempotency ledger), counter deltas per (scope, prefix,
-time bucket), chain edges not yet known to be stored, catalog payloads, replica transitions and fleet
-changes. Counters are summed here so the database sees one row per key per batch, not one per event.
+A batch becomes: counter deltas per (scope, prefix, time bucket), the new ends of chains not yet known
+to be stored, catalog payloads, replica transitions and fleet changes. Counters are summed here so the
+database sees one row per key per batch, not one per event.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Container, Iterable, Iterator
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -88,7 +86,7 @@ class CatalogEntry:
 
 @dataclass(slots=True)
 class IngestBatch:
-    """Everything one batch changes. `event_ids` are claimed first; only new events are folded."""
+    """Everything one batch changes (its events were de-duplicated before they were folded)."""
 
     request_counts: dict[tuple[Scope, int, int], RequestCounts] = field(default_factory=dict)
     miss_counts: dict[tuple[Scope, int, int], MissCounts] = field(default_factory=dict)
@@ -188,14 +186,3 @@ def _fold_miss(batch: IngestBatch, event: PrefixMissed, bucket_seconds: int) -> 
         counts = batch.miss_counts[key] = MissCounts()
     counts.misses += 1
     counts.missed_tokens += max(0, event.chain_tokens[-1] - event.cached_tokens)
-
-
-def new_only(events: Iterable[Event], new_ids: AbstractSet[uuid.UUID]) -> list[Event]:
-    """The first event of each id in `new_ids`: the rest are redeliveries or duplicates."""
-    pending = set(new_ids)
-    kept = []
-    for event in events:
-        if event.event_id in pending:
-            pending.discard(event.event_id)
-            kept.append(event)
-    return kept
