@@ -12,7 +12,8 @@ $(BIN)/warmplane: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(BIN)/warmplane
 
-up: $(BIN)/warmplane
+# The main job starts local vLLM engines: `vllm` installs the CPU build (once) beside the project's venv.
+up: $(BIN)/warmplane vllm
 	$(BIN)/warmplane up
 
 lint: $(BIN)/warmplane
@@ -31,9 +32,10 @@ unit: $(BIN)/warmplane
 integration: $(BIN)/warmplane vllm
 	$(BIN)/pytest -q tests/integration
 
-bench: $(BIN)/warmplane
+bench: $(BIN)/warmplane vllm
 	$(BIN)/python -m bench.ingest_bench
 	$(BIN)/python -m bench.emitter_bench
+	$(BIN)/python -m bench.warm_bench
 
 # vLLM (CPU build) in its own virtualenv, plus the tiny model the tests serve; both skip work already done.
 VLLM_VENV  ?= $(or $(WARMPLANE_VLLM_VENV),.venv-vllm)

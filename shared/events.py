@@ -223,6 +223,8 @@ class WarmPlanIssued(Event, kw_only=True, frozen=True, tag="warm_plan.issued"):
     items: list[WarmItem]
     budget_tokens: Tokens
     deadline: AwareTime
+    trigger_event_id: uuid.UUID | None = None
+    """The `replica.started` event the plan answers, so a warmer drops one for an earlier start."""
 
 
 class WarmProgressed(Event, kw_only=True, frozen=True, tag="warm.progressed"):

@@ -3,10 +3,16 @@
 One JSON object a line: `timestamp` (ms from the start), `input_length`, `output_length` (tokens) and
 `hash_ids`: one id per block of `block_tokens` (512 in the published traces), each standing for its
 block and every block before it, so a request's ids are a prefix chain. The last block may be partial.
+
+The traces hold no text. To replay one against a real engine, `chain_prompt` stands a deterministic run of
+token ids in for each block: two requests sharing their first k hash ids share their first k blocks of
+tokens, and nothing else, as their real prompts did. A replay may also shrink blocks (`block_tokens`
+below the trace's 512) so that long chains fit a small engine's context; token counts scale with it.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -14,7 +20,10 @@ from pathlib import Path
 import msgspec
 
 from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.events import ModelRef, RequestObserved
+from warmplane.shared.events import ModelRef, PrefixPayload, RequestObserved
+
+TRACE_BLOCK_TOKENS = 512
+"""Tokens a hash id stands for in the published traces."""
 
 
 class TraceRequest(msgspec.Struct, frozen=True):
@@ -42,8 +51,19 @@ def read_trace(path: Path, limit: int | None = None) -> Iterator[TraceRequest]:
 
 
 def cumulative_tokens(request: TraceRequest, block_tokens: int) -> list[int]:
-    """Tokens up to each block of the chain; the last block holds what remains of the input."""
-    return [min(block_tokens * (i + 1), request.input_length) for i in range(len(request.hash_ids))]
+    """Tokens up to each block of the chain; the last block holds what remains of the input (scaled by
+    `block_tokens / TRACE_BLOCK_TOKENS` for a replay with smaller blocks)."""
+    input_tokens = max(request.input_length * block_tokens // TRACE_BLOCK_TOKENS, 1)
+    return [min(block_tokens * (i + 1), input_tokens) for i in range(len(request.hash_ids))]
+
+
+def chain_prompt(hash_ids: list[int], block_tokens: int, vocab: range) -> list[int]:
+    """Token ids standing in for the blocks `hash_ids`: `block_tokens` ids from `vocab` per block, the
+    same ones for the same hash id in every call and every process."""
+    prompt: list[int] = []
+    for hash_id in hash_ids:
+        prompt += random.Random(hash_id).choices(vocab, k=block_tokens)
+    return prompt
 
 
 def request_event(
@@ -53,10 +73,12 @@ def request_event(
     tenant: str,
     model: ModelRef,
     replica: str,
-    block_tokens: int = 512,
+    block_tokens: int = TRACE_BLOCK_TOKENS,
     producer: str = "trace-replay",
+    payload: PrefixPayload | None = None,
 ) -> RequestObserved:
-    """The request-observed event of one trace request, as a serving node would have emitted it."""
+    """The request-observed event of one trace request, as a serving node would have emitted it;
+    `payload` renders one element of its chain, for the prefix catalog."""
     tokens = cumulative_tokens(request, block_tokens)
     return RequestObserved(
         event_id=new_event_id(),
@@ -68,5 +90,6 @@ def request_event(
         route="trace",
         chain=request.hash_ids,
         chain_tokens=tokens,
-        prompt_tokens=max(request.input_length, tokens[-1]),
+        prompt_tokens=max(request.input_length * block_tokens // TRACE_BLOCK_TOKENS, tokens[-1]),
+        payload=payload,
     )

@@ -3,6 +3,7 @@
 warmplane up [--trace FILE] [--limit N]   the main job on embedded defaults (no settings needed)
 warmplane migrate                         migrate WARMPLANE_POSTGRES__URL to the newest schema
 warmplane planner                         run the planner from WARMPLANE_* settings
+warmplane warmer                          run one node's warmer from WARMPLANE_* settings
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--verbose", action="store_true", help="log what the services do")
     commands.add_parser("migrate", help="migrate WARMPLANE_POSTGRES__URL to the newest schema")
     commands.add_parser("planner", help="run the planner from WARMPLANE_* settings")
+    commands.add_parser("warmer", help="run one node's warmer from WARMPLANE_* settings")
     args = parser.parse_args(argv)
 
     if args.command == "up":
@@ -51,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(WarmplaneSettings)
         migrate.upgrade(settings.postgres.sqlalchemy_url())
         print("database is at the newest schema")
+        return 0
+    if args.command == "warmer":
+        from warmplane.services.warmer.__main__ import main as warmer_main  # noqa: PLC0415
+
+        warmer_main()
         return 0
     from warmplane.services.planner.__main__ import main as planner_main  # noqa: PLC0415
 

@@ -1,15 +1,19 @@
-"""`warmplane up`: the main job on its embedded defaults, from nothing to a summary.
+"""`warmplane up`: the main job on its embedded defaults, from nothing to a warm replica and a summary.
 
-It starts the broker, Postgres and Redis from their wheels, migrates, runs the planner, replays a
-recorded trace as request events through the emitter SDK (as serving nodes would publish them), waits
-until the planner has counted every one durably, and prints what it learned: the prefixes worth
-warming. Everything it started is stopped on the way out, Ctrl-C included.
+It starts the broker, Postgres and Redis from their wheels, migrates, runs the planner and a node's warmer
+with a first vLLM replica (which serves cold), replays a recorded trace as request events through the
+emitter SDK (as serving nodes would publish them, with stand-in token payloads for the catalog), waits
+until the planner has counted every one durably and prints what it learned. Then it schedules a second
+replica and shows it being planned, warmed, verified and turning ready, and compares the cached share of
+the trace's latest requests on the warmed replica and on the cold one (`up_fleet`). Everything it started
+is stopped on the way out, Ctrl-C included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import tempfile
 import time
 from dataclasses import dataclass
@@ -21,20 +25,37 @@ import asyncpg
 from pydantic import SecretStr
 
 from warmplane.services.cli.progress import Progress
+from warmplane.services.cli.up_fleet import (
+    PROBE_DEPTH,
+    VOCAB,
+    Fleet,
+    WarmSummary,
+    cached_shares,
+    payload_depth,
+    wait_ready,
+)
 from warmplane.services.planner.app import Planner, build_planner
 from warmplane.services.planner.gc_tuning import tune_for_batches
-from warmplane.services.planner.settings import IngestSettings, PlannerSettings
+from warmplane.services.planner.settings import IngestSettings, PlannerSettings, PlanSettings
 from warmplane.shared import migrate
 from warmplane.shared.embedded import EmbeddedStack
+from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE
 from warmplane.shared.emitter import Emitter
-from warmplane.shared.events import ModelRef, RequestObserved
-from warmplane.shared.mooncake_trace import read_trace, request_event
+from warmplane.shared.events import ModelRef, PrefixPayload, RequestObserved
+from warmplane.shared.mooncake_trace import TraceRequest, chain_prompt, read_trace, request_event
 from warmplane.shared.settings import EmitterSettings, KafkaSettings, PostgresSettings
 from warmplane.shared.topics import Topics
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "conversation_trace.jsonl"
 MODEL = ModelRef("trace-model", "rev-1")
+TENANT = "demo"
 REPLICAS = 4
+"""Replicas the recorded traffic is spread over in its events (by the chain's second block)."""
+COMPARED_REQUESTS = 200
+PLAN_WINDOW_MINUTES = 10
+"""Conversations are recency-driven: the simple policy looks at the trace's last minutes only."""
+PLAN_EVENT_BYTES = 1_000_000
+"""Room for a plan of long stand-in prompts in one event (Kafka's default message limit is about 1 MB)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,40 +87,85 @@ async def run_up(options: UpOptions, out: TextIO) -> None:
             bootstrap_servers=stack.kafka.bootstrap_servers,
             session_timeout_ms=2_000,
             heartbeat_interval_ms=500,
+            max_event_bytes=PLAN_EVENT_BYTES,
         )
         settings = PlannerSettings(
             kafka=kafka,
             postgres=PostgresSettings(url=SecretStr(stack.postgres.asyncpg_dsn)),
             ingest=IngestSettings(),
+            plans=PlanSettings(window_hours=PLAN_WINDOW_MINUTES / 60),
             metrics_port=0,
         )
         tune_for_batches()
         planner = build_planner(settings)
         task = asyncio.create_task(planner.app.run())
+        secret = SecretStr(secrets.token_urlsafe(32))
         try:
-            emitted, seconds = await _replay(trace, options.limit, kafka, planner, out)
-            await _summarise(stack.postgres.asyncpg_dsn, emitted, seconds, options.top, out)
-            if options.keep_running:
-                out.write("running; Ctrl-C stops everything\n")
-                await asyncio.Event().wait()
+            async with Fleet(workdir, MODEL.name, kafka, TENANT, secret) as fleet:
+                out.write("scheduling replica-0 (vLLM on the CPU, a tiny local model) before any traffic\n")
+                driver = await fleet.schedule(0)
+                cold = await wait_ready(driver, out, check=fleet.check_starts)
+                out.write(f"replica-0 is ready: {cold.reason}\n\n")
+                requests, seconds = await _replay(trace, options.limit, kafka, planner, out)
+                await _summarise(stack.postgres.asyncpg_dsn, len(requests), seconds, options.top, out)
+                out.write("\nscheduling replica-1: its warmer announces it, the planner plans it\n")
+                driver = await fleet.schedule(1)
+                warm = await wait_ready(driver, out, check=fleet.check_starts)
+                recent = requests[-COMPARED_REQUESTS:]
+                shares = await cached_shares(fleet.engines[::-1], MODEL.name, recent, fleet.salt())
+                _report(warm, shares, len(recent), out)
+                if options.keep_running:
+                    out.write(f"running; warmer status at http://127.0.0.1:{fleet.warmer.http_port}/status\n")
+                    out.write("Ctrl-C stops everything\n")
+                    await asyncio.Event().wait()
         finally:
             planner.app.exit()
             await asyncio.wait_for(task, 30)
 
 
+def _report(warm: WarmSummary, shares: list[float], compared: int, out: TextIO) -> None:
+    partial = f" (partial: {warm.reason})" if warm.partial else ""
+    out.write(
+        f"\nreplica-1 warmed and ready in {warm.seconds_to_ready:.1f} s: "
+        f"{warm.prefixes_warmed} prefixes planned, {warm.verified} verified held by a probe, "
+        f"{warm.tokens_prefilled:,} tokens pre-filled, {warm.failures} failures{partial}\n"
+        f"the trace's last {compared} requests ({PROBE_DEPTH * BLOCK_SIZE:,}-token prompts), "
+        "sent to each replica:\n"
+        f"  replica-1 (warmed): {shares[0]:.1%} of prompt tokens served from the prefix cache\n"
+        f"  replica-0 (cold):   {shares[1]:.1%}\n"
+    )
+
+
 async def _replay(
     trace: Path, limit: int | None, kafka: KafkaSettings, planner: Planner, out: TextIO
-) -> tuple[int, float]:
-    """Emit the trace's requests, then wait for the planner to count them; (emitted, seconds)."""
+) -> tuple[list[TraceRequest], float]:
+    """Emit the trace's requests, then wait for the planner to count them; (requests, seconds).
+
+    Blocks shrink to the engine's (32 tokens) so chains fit the tiny model, and a request carries the
+    stand-in payload of one chain element the first time that element is seen (`payload_depth`)."""
     requests = list(read_trace(trace, limit))
     span_ms = requests[-1].timestamp if requests else 0
     start = datetime.now(UTC) - timedelta(milliseconds=span_ms)
     progress = Progress(out, total=len(requests), label="replayed / counted")
     began = time.perf_counter()
+    catalogued: set[int] = set()
     async with Emitter(kafka, EmitterSettings(), Topics(kafka.topic_prefix)) as emitter:
         for index, request in enumerate(requests):
             replica = f"vllm-{request.hash_ids[min(1, len(request.hash_ids) - 1)] % REPLICAS}"
-            event = request_event(request, start=start, tenant="demo", model=MODEL, replica=replica)
+            depth = payload_depth(request, catalogued)
+            payload = None
+            if depth is not None:
+                prompt = chain_prompt(request.hash_ids[:depth], BLOCK_SIZE, VOCAB)
+                payload = PrefixPayload(prefix_id=request.hash_ids[depth - 1], prompt=prompt)
+            event = request_event(
+                request,
+                start=start,
+                tenant=TENANT,
+                model=MODEL,
+                replica=replica,
+                block_tokens=BLOCK_SIZE,
+                payload=payload,
+            )
             await _emit_paced(emitter, event)
             if index % 2_000 == 0:
                 progress.show(index, _counted(planner))
@@ -112,7 +178,7 @@ async def _replay(
             raise TimeoutError(f"the planner counted {counted} of {emitted} events within 120 s")
         await asyncio.sleep(0.1)
     progress.show(emitted, counted, final=True)
-    return emitted, time.perf_counter() - began
+    return requests, time.perf_counter() - began
 
 
 async def _emit_paced(emitter: Emitter, event: RequestObserved) -> None:
@@ -166,4 +232,4 @@ def _ancestors(prefix: int, parent: dict[int, int | None]) -> list[int]:
 
 
 def _counted(planner: Planner) -> int:
-    return planner.metrics.events_ingested()
+    return planner.metrics.events_ingested("request.observed")

@@ -24,14 +24,15 @@ from faststream.message import StreamMessage
 from prometheus_client import CollectorRegistry, start_http_server
 
 from warmplane.services.planner.core.node_cache import NodeCache
-from warmplane.services.planner.dead_letters import KafkaDeadLetterSink
 from warmplane.services.planner.ingestor import Ingestor, Offsets, Partition
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.pg_store import PgIngestStore
-from warmplane.services.planner.plans import KafkaPlanPublisher, PlanIssuer
+from warmplane.services.planner.plans import PlanIssuer
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.codec import EventCodec
+from warmplane.shared.dead_letters import KafkaDeadLetterSink
+from warmplane.shared.event_publisher import KafkaEventPublisher
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.schema_check import require_schema_at_head
 from warmplane.shared.topics import Topics
@@ -57,6 +58,8 @@ def build_planner(settings: PlannerSettings) -> Planner:
         client_id=f"{kafka.client_id}-planner",
         request_timeout_ms=kafka.request_timeout_ms,
         log_level=logging.DEBUG,  # one access-log line per batch is noise at INFO
+        # Our logger, under the root's level and handlers (faststream's own prints INFO to stdout).
+        logger=log.getChild("broker"),
     )
     registry = CollectorRegistry()
     metrics = PlannerMetrics(registry)
@@ -131,10 +134,11 @@ async def _resources(
         codec = EventCodec(kafka.max_event_bytes)
         issuer = PlanIssuer(
             store=PgPlanStore(pool),
-            publisher=KafkaPlanPublisher(producer, topics.plans, codec, kafka.commit_timeout_s),
+            publisher=KafkaEventPublisher(producer, topics, codec, kafka.commit_timeout_s),
             settings=settings.plans,
             bucket_seconds=ingest.bucket_seconds,
             metrics=metrics,
+            max_plan_bytes=kafka.max_event_bytes,
         )
         ingestor = Ingestor(
             codec=codec,

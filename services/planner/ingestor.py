@@ -29,10 +29,10 @@ import msgspec
 from warmplane.services.planner.core.ingest_batch import IngestBatch, fold_events
 from warmplane.services.planner.core.node_cache import NodeCache
 from warmplane.services.planner.core.recent_ids import RecentIds
-from warmplane.services.planner.dead_letters import DeadLetter, DeadLetterSink, RawRecord, reason_class
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_store import Fenced, PartitionSlice, PgIngestStore, event_type
 from warmplane.shared.codec import DecodeFailure, EventCodec
+from warmplane.shared.dead_letters import DeadLetter, DeadLetterSink, RawRecord, reason_class
 from warmplane.shared.events import Event
 
 log = logging.getLogger(__name__)

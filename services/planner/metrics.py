@@ -47,8 +47,13 @@ class PlannerMetrics:
             registry=registry,
         )
 
-    def events_ingested(self) -> int:
-        """Events counted into Postgres so far, all types together (for in-process progress)."""
+    def events_ingested(self, event_type: str | None = None) -> int:
+        """Events counted into Postgres so far, of `event_type` or of all types (for in-process progress)."""
         return int(
-            sum(s.value for m in self.events.collect() for s in m.samples if s.name.endswith("_total"))
+            sum(
+                sample.value
+                for metric in self.events.collect()
+                for sample in metric.samples
+                if sample.name.endswith("_total") and event_type in (None, sample.labels["type"])
+            )
         )

@@ -14,25 +14,25 @@ the same later work (replicas `starting` without a plan) must cover it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from aiokafka import AIOKafkaProducer
+import msgspec
 
 from warmplane.services.planner.core.ingest_batch import IngestBatch
 from warmplane.services.planner.core.simple_plan import Candidate, NodeKey, choose_warm_set
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.settings import PlanSettings
-from warmplane.shared.codec import EventCodec
+from warmplane.shared.codec import DEFAULT_MAX_EVENT_BYTES
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import PrefixPayload, ReplicaStarted, WarmItem, WarmPlanIssued
-from warmplane.shared.topics import partition_key
 
 log = logging.getLogger(__name__)
+_ENVELOPE_BYTES = 4_096
+"""Room a plan's fields other than its items take, with margin (names are at most 128 characters)."""
 
 
 class PlanStore(Protocol):
@@ -46,22 +46,11 @@ class PlanStore(Protocol):
 
 
 class PlanPublisher(Protocol):
-    async def publish(self, plan: WarmPlanIssued) -> None:
-        """Return once the broker acknowledged `plan`; raise if it did not in time."""
+    """Where plans go (`shared.event_publisher.KafkaEventPublisher` is the real one: to the plans topic,
+    keyed by node)."""
 
-
-class KafkaPlanPublisher:
-    """Publishes plans through a started producer the caller owns (acks='all'), keyed by node."""
-
-    def __init__(self, producer: AIOKafkaProducer, topic: str, codec: EventCodec, timeout_s: float) -> None:
-        self._producer = producer
-        self._topic = topic
-        self._codec = codec
-        self._timeout_s = timeout_s
-
-    async def publish(self, plan: WarmPlanIssued) -> None:
-        sent = await self._producer.send(self._topic, value=self._codec.encode(plan), key=partition_key(plan))
-        await asyncio.wait_for(sent, self._timeout_s)
+    async def publish(self, event: WarmPlanIssued) -> None:
+        """Return once the broker acknowledged `event`; raise if it did not in time."""
 
 
 class PlanIssuer:
@@ -75,6 +64,7 @@ class PlanIssuer:
         settings: PlanSettings,
         bucket_seconds: int,
         metrics: PlannerMetrics,
+        max_plan_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._store = store
@@ -82,6 +72,7 @@ class PlanIssuer:
         self._settings = settings
         self._bucket_seconds = bucket_seconds
         self._metrics = metrics
+        self._max_plan_bytes = max_plan_bytes
         self._clock = clock
 
     async def after_commit(self, batch: IngestBatch) -> None:
@@ -138,6 +129,7 @@ class PlanIssuer:
             for c in chosen
             if c.node.key in payloads and c.node.key[0] in names
         ]
+        items = fit_items(items, self._max_plan_bytes - _ENVELOPE_BYTES)
         plan_id = new_event_id()  # also the event id: a re-publish of the plan is the same event
         return WarmPlanIssued(
             event_id=plan_id,
@@ -151,4 +143,18 @@ class PlanIssuer:
             items=items,
             budget_tokens=settings.budget_tokens,
             deadline=now + timedelta(seconds=settings.deadline_s),
+            trigger_event_id=started.event_id,
         )
+
+
+def fit_items(items: list[WarmItem], max_bytes: int) -> list[WarmItem]:
+    """The leading `items` (most valuable first) whose encoded size adds up to at most `max_bytes`, so the
+    plan fits in one event; an item that does not fit is left out and smaller later ones still go in."""
+    kept: list[WarmItem] = []
+    used = 0
+    for item in items:
+        size = len(msgspec.json.encode(item)) + 1
+        if used + size <= max_bytes:
+            kept.append(item)
+            used += size
+    return kept

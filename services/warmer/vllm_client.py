@@ -39,11 +39,16 @@ _RENDER_AS_COMPLETE_TURN: Final = {"add_generation_prompt": False, "continue_fin
 
 
 class WarmFailed(Exception):
-    """A warm, probe or tokenize request did not succeed; ``reason`` is one line, e.g. ``HTTP 400: ...``."""
+    """A warm, probe or tokenize request did not succeed; ``reason`` is one line, e.g. ``HTTP 400: ...``.
 
-    def __init__(self, reason: str) -> None:
+    ``retryable`` is true for what may pass on a second try (a timeout, a transport error, an HTTP 5xx),
+    false for a rejection of the request itself (HTTP 4xx, a malformed answer).
+    """
+
+    def __init__(self, reason: str, *, retryable: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.retryable = retryable
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,12 +170,15 @@ class VllmEngineClient:
         try:
             response = await self._http.post(path, json=body)
         except httpx.TimeoutException as error:
-            raise WarmFailed(f"POST {path}: timed out ({type(error).__name__}) at {self.base_url}") from error
+            reason = f"POST {path}: timed out ({type(error).__name__}) at {self.base_url}"
+            raise WarmFailed(reason, retryable=True) from error
         except httpx.HTTPError as error:
             detail = _clip(str(error)) or type(error).__name__
-            raise WarmFailed(f"POST {path}: {type(error).__name__} at {self.base_url}: {detail}") from error
+            reason = f"POST {path}: {type(error).__name__} at {self.base_url}: {detail}"
+            raise WarmFailed(reason, retryable=True) from error
         if response.status_code != 200:
-            raise WarmFailed(f"POST {path}: HTTP {response.status_code}: {_error_message(response)}")
+            reason = f"POST {path}: HTTP {response.status_code}: {_error_message(response)}"
+            raise WarmFailed(reason, retryable=response.status_code >= 500)
         try:
             answer = response.json()
         except ValueError as error:

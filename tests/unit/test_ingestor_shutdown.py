@@ -15,11 +15,11 @@ from prometheus_client import CollectorRegistry
 
 from warmplane.services.planner.core.ingest_batch import IngestBatch
 from warmplane.services.planner.core.node_cache import NodeCache
-from warmplane.services.planner.dead_letters import DeadLetter
 from warmplane.services.planner.ingestor import Ingestor, Offsets, Partition
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_store import PartitionSlice
 from warmplane.shared.codec import EventCodec
+from warmplane.shared.dead_letters import DeadLetter
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import ModelRef, RequestObserved
 

@@ -1,0 +1,258 @@
+"""Warm speed: how close a plan run comes to the engine's own peak prefill, and how fast a plan reaches
+the warmer after a replica announces itself. Run:
+
+    python -m bench.warm_bench [--runs 3] [--items 48] [--item-tokens 1024] [--replicas 100]
+    python -m bench.warm_bench --endpoint http://gpu-host:8000 --model NAME --block-size 16 ...
+
+Without `--endpoint` it starts the embedded vLLM (CPU build, tiny model, 32-token blocks) and stops it
+after; with one it measures that engine, whatever it is (a GPU build of vLLM anywhere reachable).
+
+(1) Peak prefill: `--items` distinct prompts of `--item-tokens` random token ids, each under a fresh
+`cache_salt` (nothing cached), sent at 1, 2, 4, 8 and 16 in flight with `max_tokens=1`; prompt tokens
+over wall time; the best rate is the peak. (2) Plan runs: a `PlanRun` (the warmer's own code: warm pass,
+then probe pass) of the same shape, fresh prompts and salt each run, at the warmer's default concurrency.
+Ratio = wall time / (tokens pre-filled / peak rate); 1.0 means the warmer adds nothing to the engine's
+prefill time. The warm pass alone is shown beside it (the probe pass is the price of verification).
+(3) Plan latency, on the embedded broker and Postgres with a real planner and warmer: `--replicas`
+replicas of this engine are announced at once, and for each, the time from its `replica.started` to the
+warmer holding its plan (`ReplicaDriver.plan_latency_s`). Medians across runs, p50/p99 of latencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+from pydantic import SecretStr
+
+from warmplane.services.planner.app import build_planner
+from warmplane.services.planner.settings import IngestSettings, PlannerSettings
+from warmplane.services.warmer.core.replica import RunOrder
+from warmplane.services.warmer.plan_run import PlanRun, SaltBook
+from warmplane.services.warmer.service import Warmer
+from warmplane.services.warmer.settings import (
+    EngineSettings,
+    ReadinessSettings,
+    WarmerSettings,
+    WarmSettings,
+)
+from warmplane.services.warmer.vllm_client import VllmEngineClient
+from warmplane.shared import migrate
+from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres
+from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm, ensure_tiny_model
+from warmplane.shared.event_ids import new_event_id
+from warmplane.shared.events import ModelRef, PrefixPayload, WarmItem, WarmPlanIssued
+from warmplane.shared.settings import KafkaSettings, PostgresSettings
+
+VOCAB = range(256, 8192)
+CONCURRENCIES = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    url: str
+    model: str
+    block_size: int
+
+
+def prompts(rng: random.Random, count: int, tokens: int, vocab: range) -> list[list[int]]:
+    return [rng.choices(vocab, k=tokens) for _ in range(count)]
+
+
+async def prefill_rate(engine: Engine, batch: Sequence[list[int]], concurrency: int) -> float:
+    """Prompt tokens a second for `batch`, uncached (a fresh salt), at `concurrency` in flight."""
+    salt = uuid.uuid4().hex
+    limit = asyncio.Semaphore(concurrency)
+    total = 0
+
+    async def one(http: httpx.AsyncClient, prompt: list[int]) -> None:
+        nonlocal total
+        body = {"model": engine.model, "prompt": prompt, "max_tokens": 1, "cache_salt": salt}
+        async with limit:
+            response = await http.post("/v1/completions", json=body)
+        response.raise_for_status()
+        usage = response.json()["usage"]
+        assert not (usage.get("prompt_tokens_details") or {}).get("cached_tokens"), "expected a cold prompt"
+        total += usage["prompt_tokens"]
+
+    async with httpx.AsyncClient(base_url=engine.url, timeout=300.0) as http:
+        began = time.perf_counter()
+        async with asyncio.TaskGroup() as group:
+            for prompt in batch:
+                group.create_task(one(http, prompt))
+        return total / (time.perf_counter() - began)
+
+
+async def plan_run(engine: Engine, batch: Sequence[list[int]], concurrency: int) -> tuple[float, float, int]:
+    """(wall seconds, warm-pass seconds, tokens pre-filled) of the warmer's `PlanRun` over `batch`."""
+    secret = SecretStr(uuid.uuid4().hex)
+    items = [
+        WarmItem(i, len(prompt), PrefixPayload(prefix_id=i, prompt=prompt), "bench")
+        for i, prompt in enumerate(batch)
+    ]
+    now = datetime.now(UTC)
+    plan = WarmPlanIssued(
+        event_id=new_event_id(),
+        occurred_at=now,
+        producer="bench",
+        model=ModelRef(engine.model),
+        plan_id=new_event_id(),
+        replica="bench",
+        node="bench",
+        epoch=0,
+        items=items,
+        budget_tokens=sum(item.tokens for item in items),
+        deadline=now + timedelta(hours=1),
+    )
+    order = RunOrder(plan, items, 0, concurrency, [])
+    async with VllmEngineClient(
+        engine.url, engine.model, connect_timeout_s=5, request_timeout_s=300, block_size=engine.block_size
+    ) as client:
+        run = PlanRun(order, client, SaltBook({"bench": secret}), priority=10, attempts=1)
+        began = time.perf_counter()
+        report = await run.run()
+        wall = time.perf_counter() - began
+    if len(report.verified) != len(items):
+        raise RuntimeError(f"only {len(report.verified)} of {len(items)} verified: {report.failures[:3]}")
+    return wall, run.warm_pass_s or wall, report.tokens_prefilled
+
+
+@contextlib.asynccontextmanager
+async def control_plane(workdir: Path) -> AsyncIterator[KafkaSettings]:
+    """The embedded broker and Postgres, migrated, with a planner running; the Kafka settings."""
+    with EmbeddedKafka(workdir / "kafka") as kafka_part, EmbeddedPostgres(workdir / "postgres") as postgres:
+        await asyncio.to_thread(migrate.upgrade, postgres.sqlalchemy_url)
+        kafka = KafkaSettings(
+            bootstrap_servers=kafka_part.bootstrap_servers,
+            session_timeout_ms=2_000,
+            heartbeat_interval_ms=500,
+        )
+        settings = PlannerSettings(
+            kafka=kafka,
+            postgres=PostgresSettings(url=SecretStr(postgres.asyncpg_dsn)),
+            ingest=IngestSettings(),
+            metrics_port=0,
+        )
+        planner = build_planner(settings)
+        task = asyncio.create_task(planner.app.run())
+        try:
+            yield kafka
+        finally:
+            planner.app.exit()
+            await asyncio.wait_for(task, 30)
+
+
+async def plan_latencies(engine: Engine, kafka: KafkaSettings, replicas: int) -> list[float]:
+    """Announce `replicas` replicas of `engine` at once; each one's seconds from start to plan held."""
+    settings = WarmerSettings(
+        kafka=kafka,
+        node=f"bench-{uuid.uuid4().hex[:6]}",
+        warm=WarmSettings(health_interval_s=5.0),
+        readiness=ReadinessSettings(plan_wait_s=600),
+        http_host="127.0.0.1",
+        http_port=0,
+    )
+    async with Warmer(settings) as warmer:
+        drivers = [
+            warmer.add_engine(
+                EngineSettings(
+                    replica=f"{settings.node}-{i}", url=engine.url, served_model=engine.model, block_size=16
+                )
+            )
+            for i in range(replicas)
+        ]
+        deadline = time.monotonic() + 120
+        while any(driver.plan_latency_s is None for driver in drivers):
+            if time.monotonic() > deadline:
+                missing = sum(driver.plan_latency_s is None for driver in drivers)
+                raise RuntimeError(f"{missing} of {replicas} replicas got no plan in 120 s")
+            await asyncio.sleep(0.05)
+        return [driver.plan_latency_s or 0.0 for driver in drivers]
+
+
+def percentile(values: Sequence[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+async def bench(engine: Engine, args: argparse.Namespace, workdir: Path) -> None:
+    rng = random.Random(args.seed)
+    vocab = VOCAB if args.endpoint is None else range(1000, 20_000)
+    concurrency = WarmSettings().concurrency
+    peaks, walls, warms, ratios, warm_ratios = [], [], [], [], []
+    for run in range(1, args.runs + 1):
+        rates = {
+            c: await prefill_rate(engine, prompts(rng, args.items, args.item_tokens, vocab), c)
+            for c in CONCURRENCIES
+        }
+        peak = max(rates.values())
+        wall, warm, prefilled = await plan_run(
+            engine, prompts(rng, args.items, args.item_tokens, vocab), concurrency
+        )
+        ideal = prefilled / peak
+        peaks.append(peak)
+        walls.append(wall)
+        warms.append(warm)
+        ratios.append(wall / ideal)
+        warm_ratios.append(warm / ideal)
+        shown = ", ".join(f"{c}: {rate:,.0f}" for c, rate in rates.items())
+        print(
+            f"run {run}: prefill tokens/s by concurrency {{{shown}}}; "
+            f"plan of {args.items} x {args.item_tokens} tokens at {concurrency} in flight: {wall:.2f} s "
+            f"({warm:.2f} s warm pass), {prefilled:,} tokens pre-filled, ideal {ideal:.2f} s "
+            f"-> ratio {wall / ideal:.2f} (warm pass {warm / ideal:.2f})"
+        )
+    latencies: list[float] = []
+    async with control_plane(workdir) as kafka:
+        for _ in range(args.runs):
+            latencies += await plan_latencies(engine, kafka, args.replicas)
+    median = statistics.median
+    print(
+        f"\nmedians of {args.runs} runs: peak prefill {median(peaks):,.0f} tokens/s; "
+        f"plan wall {median(walls):.2f} s, warm pass {median(warms):.2f} s; "
+        f"ratio to ideal {median(ratios):.2f} (target <= 1.2), warm pass alone {median(warm_ratios):.2f}\n"
+        f"replica.started -> plan at the warmer, {len(latencies)} replicas: "
+        f"p50 {percentile(latencies, 0.5) * 1000:.0f} ms, p99 {percentile(latencies, 0.99) * 1000:.0f} ms, "
+        f"max {max(latencies) * 1000:.0f} ms (target p99 <= 200 ms)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--endpoint", help="a vLLM OpenAI-compatible server (default: start the embedded one)"
+    )
+    parser.add_argument("--model", help="its served model name (required with --endpoint)")
+    parser.add_argument("--block-size", type=int, default=16, help="its KV block size (with --endpoint)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--items", type=int, default=48, help="prompts per prefill measurement and per plan")
+    parser.add_argument("--item-tokens", type=int, default=1024)
+    parser.add_argument("--replicas", type=int, default=100, help="replicas announced per latency run")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="warmplane-warm-bench-") as folder:
+        workdir = Path(folder)
+        if args.endpoint is not None:
+            if not args.model:
+                parser.error("--model is required with --endpoint")
+            asyncio.run(bench(Engine(args.endpoint.rstrip("/"), args.model, args.block_size), args, workdir))
+            return
+        with EmbeddedVllm(workdir / "vllm", ensure_tiny_model()) as vllm:
+            asyncio.run(bench(Engine(vllm.base_url, vllm.model_name, BLOCK_SIZE), args, workdir))
+
+
+if __name__ == "__main__":
+    main()

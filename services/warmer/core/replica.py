@@ -1,0 +1,290 @@
+"""One replica as its warmer sees it: lifecycle, plans, what it holds, and whether it is ready. Pure: no I/O.
+
+The service feeds it facts (a health check's answer, a plan off the topic, a run's outcome, the clock) and
+publishes the `Transition`s it returns as lifecycle events; it never decides readiness itself.
+
+    starting --/health answers--> loading --plan runs--> warming --verified--> ready
+        ^                            |                      |
+        |                            +--no plan in time-----+--deadline (policy)--> ready (partial)
+        +--/health answers again-- failed <--N failed checks-- (loading | warming | ready)
+
+Contracts:
+- Ready only after the current incarnation's plan verified (at least `min_verified_fraction` of the
+  items it had to warm), or after its deadline or the plan wait passed under the `ready_partial` policy;
+  then `partial` is true and the reason says what was missing. A failed replica is never ready.
+- An incarnation is one life of the engine: it begins with a `starting` transition whose event id is the
+  incarnation id; a crash ends it and forgets everything the replica held.
+- A plan is applied at most once (by plan id), never from an older epoch than one already accepted for
+  its model, never past its deadline, never for an earlier incarnation (by its trigger event id).
+- Items already held (verified in this incarnation, same tenant, model, prompt revision, epoch and
+  prefix) are not warmed again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Literal
+
+from warmplane.shared.events import WarmItem, WarmPlanIssued
+
+HeldKey = tuple[str, str, str, int, int]
+"""(tenant, model, prompt revision, epoch, prefix id): one warmed prefix in one cache namespace."""
+_REMEMBERED_PLANS = 4_096
+
+
+class Phase(StrEnum):
+    STARTING = "starting"
+    LOADING = "loading"
+    WARMING = "warming"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A lifecycle change to publish: `event_id` is the event's id (for `starting`, the incarnation)."""
+
+    phase: Phase
+    reason: str
+    event_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    accepted: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunOrder:
+    """A plan to carry out now: `items` (held ones removed) at `concurrency` requests in flight."""
+
+    plan: WarmPlanIssued
+    items: list[WarmItem]
+    already_held: int
+    concurrency: int
+    transitions: list[Transition]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a run achieved: the keys a probe verified, items it had to warm (`needed`, excluding ones too
+    short to cache), and why it stopped early if it did."""
+
+    plan_id: uuid.UUID
+    verified: frozenset[HeldKey]
+    needed: int
+    already_held: int
+    stopped: str = ""
+
+    @property
+    def fraction(self) -> float:
+        """The share of the plan's cacheable items that are now verified held (1.0 for an empty plan)."""
+        total = self.needed + self.already_held
+        return 1.0 if total == 0 else (len(self.verified) + self.already_held) / total
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    concurrency: int
+    ready_concurrency: int
+    crash_after_failures: int
+    plan_wait: timedelta
+    ready_on_deadline: bool
+    min_verified_fraction: float
+
+
+def _verified(outcome: Outcome) -> str:
+    done = len(outcome.verified) + outcome.already_held
+    total = outcome.needed + outcome.already_held
+    if total == 0:
+        return "nothing to warm: the plan holds no cacheable prefix"
+    return f"warm verified: {done} of {total} prefixes held"
+
+
+def held_key(plan: WarmPlanIssued, item: WarmItem) -> HeldKey:
+    return (item.tenant, plan.model.name, item.prompt_rev, plan.epoch, item.prefix_id)
+
+
+@dataclass
+class ReplicaTracker:
+    """The state of one replica; every method takes `now` and returns the transitions to publish."""
+
+    replica: str
+    policy: Policy
+    new_id: Callable[[], uuid.UUID]
+    phase: Phase = Phase.STARTING
+    incarnation: uuid.UUID | None = None
+    ready: bool = False
+    partial: bool = False
+    reason: str = "not started"
+    held: set[HeldKey] = field(default_factory=set)
+    running: WarmPlanIssued | None = None
+    last_outcome: Outcome | None = None
+    _pending: deque[WarmPlanIssued] = field(default_factory=deque)
+    _seen: deque[uuid.UUID] = field(default_factory=deque)
+    _seen_set: set[uuid.UUID] = field(default_factory=set)
+    _epoch_floor: dict[str, int] = field(default_factory=dict)
+    _failures: int = 0
+    _loaded_at: datetime | None = None
+    _planned: bool = False
+    _awaiting: WarmPlanIssued | None = None
+
+    def start(self, reason: str = "warmer started") -> list[Transition]:
+        """Begin a new incarnation (the engine process is starting): forget plans and residency."""
+        self.incarnation = self.new_id()
+        self.held.clear()
+        self._pending.clear()
+        self.running = self._awaiting = None
+        self._planned = False
+        self._loaded_at = None
+        self._failures = 0
+        return [self._to(Phase.STARTING, reason, ready=False, event_id=self.incarnation)]
+
+    def health(self, ok: bool, now: datetime) -> list[Transition]:
+        """A health check's answer. Loads a starting replica, fails one that stopped answering, and starts
+        a new incarnation for a failed one that answers again."""
+        if ok:
+            self._failures = 0
+            if self.phase is Phase.FAILED:
+                return [*self.start("engine answers again"), *self.health(True, now)]
+            if self.phase is Phase.STARTING:
+                self._loaded_at = now
+                return [self._to(Phase.LOADING, "weights loaded: /health answers", ready=False)]
+            return []
+        if self.phase in (Phase.STARTING, Phase.FAILED):
+            return []
+        self._failures += 1
+        if self._failures < self.policy.crash_after_failures:
+            return []
+        self.held.clear()
+        self._pending.clear()
+        self._awaiting = None
+        reason = f"engine stopped answering: {self._failures} health checks failed"
+        return [self._to(Phase.FAILED, reason, ready=False)]
+
+    def offer(self, plan: WarmPlanIssued, now: datetime) -> Decision:
+        """Accept `plan` for this replica, or say why not. Accepting only queues it (`next_run`)."""
+        if plan.plan_id in self._seen_set:
+            return Decision(False, "duplicate: this plan was already received")
+        self._remember(plan.plan_id)
+        floor = self._epoch_floor.get(plan.model.name, 0)
+        if plan.epoch < floor:
+            return Decision(False, f"epoch {plan.epoch} is older than epoch {floor} already planned")
+        if plan.deadline <= now:
+            return Decision(False, f"expired: its deadline {plan.deadline.isoformat()} has passed")
+        trigger = plan.trigger_event_id
+        if trigger is not None and trigger != self.incarnation:
+            return Decision(False, "issued for an earlier start of this replica")
+        if self.phase is Phase.FAILED:
+            return Decision(False, "the engine is not answering; its next start gets a new plan")
+        self._epoch_floor[plan.model.name] = plan.epoch
+        self._pending.append(plan)
+        self._planned = True
+        return Decision(True, "accepted")
+
+    def next_run(self) -> RunOrder | None:
+        """The next accepted plan to run, once the engine answers and nothing else runs for it."""
+        if self.running is not None or not self._pending:
+            return None
+        if self.phase not in (Phase.LOADING, Phase.WARMING, Phase.READY):
+            return None
+        plan = self._pending.popleft()
+        self.running = plan
+        todo = [item for item in plan.items if held_key(plan, item) not in self.held]
+        transitions = []
+        if self.phase is Phase.LOADING:
+            transitions.append(self._to(Phase.WARMING, f"warming plan {plan.plan_id}", ready=False))
+        concurrency = self.policy.ready_concurrency if self.ready else self.policy.concurrency
+        return RunOrder(plan, todo, len(plan.items) - len(todo), concurrency, transitions)
+
+    def finished(self, outcome: Outcome, now: datetime) -> list[Transition]:
+        """A run ended. Ready if it verified enough; otherwise wait for its deadline (`tick`)."""
+        plan = self.running
+        if plan is None or plan.plan_id != outcome.plan_id:
+            return []  # a run of an earlier incarnation
+        self.running = None
+        self.last_outcome = outcome
+        if self.phase is Phase.FAILED:
+            return []  # what it verified died with the engine
+        self.held.update(outcome.verified)
+        verified = outcome.fraction >= self.policy.min_verified_fraction
+        if self.phase is Phase.READY and self.partial and verified:
+            # A replica serving on a partial warm whose later plan verified: ready again, now in full.
+            return [self._to(Phase.READY, f"{_verified(outcome)} (after serving partially warm)", ready=True)]
+        if self.phase is not Phase.WARMING:
+            return []
+        if verified:
+            return [self._to(Phase.READY, _verified(outcome), ready=True)]
+        self._awaiting = plan
+        return self.tick(now)
+
+    def overdue(self, now: datetime) -> uuid.UUID | None:
+        """The running plan's id once its deadline passed: the service stops that run."""
+        if self.running is not None and self.running.deadline <= now:
+            return self.running.plan_id
+        return None
+
+    def tick(self, now: datetime) -> list[Transition]:
+        """Apply the clock: a plan wait or deadline that passed turns the replica ready under the policy."""
+        waited = now - self._loaded_at if self._loaded_at is not None else None
+        if self.phase is Phase.LOADING and not self._planned and waited and waited >= self.policy.plan_wait:
+            seconds = self.policy.plan_wait.total_seconds()
+            return self._partial(f"no plan arrived within {seconds:g} s: serving cold")
+        awaiting = self._awaiting
+        if self.phase is Phase.WARMING and awaiting is not None and awaiting.deadline <= now:
+            if not self.policy.ready_on_deadline:
+                return []
+            outcome = self.last_outcome
+            held = 0 if outcome is None else len(outcome.verified) + outcome.already_held
+            total = 0 if outcome is None else outcome.needed + outcome.already_held
+            stopped = f" ({outcome.stopped})" if outcome is not None and outcome.stopped else ""
+            return self._partial(f"deadline passed with {held} of {total} prefixes verified{stopped}")
+        return []
+
+    def _partial(self, reason: str) -> list[Transition]:
+        self._awaiting = None
+        transition = self._to(Phase.READY, reason, ready=True)
+        self.partial = True
+        return [transition]
+
+    def _to(self, phase: Phase, reason: str, *, ready: bool, event_id: uuid.UUID | None = None) -> Transition:
+        self.phase = phase
+        self.ready = ready
+        self.partial = False
+        self.reason = reason
+        return Transition(phase, reason, event_id or self.new_id())
+
+    def _remember(self, plan_id: uuid.UUID) -> None:
+        self._seen.append(plan_id)
+        self._seen_set.add(plan_id)
+        if len(self._seen) > _REMEMBERED_PLANS:
+            self._seen_set.discard(self._seen.popleft())
+
+
+def policy_from(
+    *,
+    concurrency: int,
+    ready_concurrency: int,
+    crash_after_failures: int,
+    plan_wait_s: float,
+    on_deadline: Literal["ready_partial", "stay_unready"],
+    min_verified_fraction: float,
+) -> Policy:
+    return Policy(
+        concurrency=concurrency,
+        ready_concurrency=ready_concurrency,
+        crash_after_failures=crash_after_failures,
+        plan_wait=timedelta(seconds=plan_wait_s),
+        ready_on_deadline=on_deadline == "ready_partial",
+        min_verified_fraction=min_verified_fraction,
+    )
+
+
+def keys_of(plan: WarmPlanIssued, items: Iterable[WarmItem]) -> frozenset[HeldKey]:
+    return frozenset(held_key(plan, item) for item in items)

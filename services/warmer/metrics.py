@@ -1,0 +1,75 @@
+"""The warmer's Prometheus metrics (`warmplane_warmer_*`), on a registry the warmer owns."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class WarmerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.plans = Counter(
+            "warmplane_warmer_plans",
+            "Plans read off the plans topic, by what became of them",
+            ["outcome"],  # accepted, duplicate, dropped, other_node, unknown_replica
+            registry=registry,
+        )
+        self.items = Counter(
+            "warmplane_warmer_items",
+            "Plan items finished, by final state",
+            ["replica", "state"],  # verified, unverified, failed, too_short, held
+            registry=registry,
+        )
+        self.tokens_prefilled = Counter(
+            "warmplane_warmer_tokens_prefilled",
+            "Prompt tokens the engines computed for warm-ups (prompt minus cached)",
+            ["replica"],
+            registry=registry,
+        )
+        self.ready = Gauge(
+            "warmplane_warmer_replica_ready",
+            "1 when the replica's /ready is true",
+            ["replica"],
+            registry=registry,
+        )
+        self.partial = Gauge(
+            "warmplane_warmer_replica_partial",
+            "1 when the replica turned ready without its warm verified (deadline or no plan)",
+            ["replica"],
+            registry=registry,
+        )
+        self.crashes = Counter(
+            "warmplane_warmer_replica_crashes",
+            "Times an engine that answered stopped answering",
+            ["replica"],
+            registry=registry,
+        )
+        self.plan_seconds = Histogram(
+            "warmplane_warmer_plan_seconds",
+            "Wall time of a plan run, warm and probe passes",
+            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=registry,
+        )
+        self.time_to_ready = Histogram(
+            "warmplane_warmer_time_to_ready_seconds",
+            "From an incarnation's start to ready",
+            buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800),
+            registry=registry,
+        )
+        self.plan_latency = Histogram(
+            "warmplane_warmer_plan_latency_seconds",
+            "From announcing a replica's start to holding the plan the planner issued for it",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry,
+        )
+        self.dead_lettered = Counter(
+            "warmplane_warmer_dead_lettered",
+            "Messages on the plans topic that did not decode, sent to the dead-letter topic",
+            ["reason"],
+            registry=registry,
+        )
+        self.publish_retries = Counter(
+            "warmplane_warmer_publish_retries",
+            "Lifecycle or result events the broker did not acknowledge in time (retried)",
+            registry=registry,
+        )

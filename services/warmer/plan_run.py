@@ -1,0 +1,179 @@
+"""Carrying out one warm plan on one engine: pre-fill every item, then probe that each one stuck.
+
+Two passes. The first sends every item once (`max_tokens=1`, low priority, at most `concurrency` in flight,
+shortest first so a child reuses the blocks its parent just filled). The second repeats each warmed item
+and calls it verified when the engine's `cached_tokens` equals the item's full blocks: probing after the
+whole plan, not after each item, also catches a plan whose end evicted its beginning.
+
+Every item ends in one state with a reason: `verified`, `unverified` (the probe found fewer cached tokens),
+`failed` (no salt for its tenant, a rejected payload, a timeout or transport error after `attempts` tries)
+or `too_short` (under one block plus a token: nothing a cache could hold). A run that is cancelled keeps
+what it finished: `report()` at any moment tells what is verified so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import SecretStr
+
+from warmplane.services.warmer.core.replica import HeldKey, Outcome, RunOrder, held_key
+from warmplane.services.warmer.vllm_client import VllmEngineClient, WarmFailed, WarmResult
+from warmplane.shared.cache_salt import derive_cache_salt
+from warmplane.shared.events import WarmItem
+
+ItemState = Literal["pending", "warmed", "verified", "unverified", "failed", "too_short"]
+
+
+@dataclass(slots=True)
+class ItemResult:
+    item: WarmItem
+    state: ItemState = "pending"
+    reason: str = ""
+    prompt_tokens: int = 0
+    tokens_prefilled: int = 0
+
+
+class SaltBook:
+    """The `cache_salt` of each (tenant, model, epoch), from the tenants' secrets; None for an unknown
+    tenant (its items fail: a warm under any other salt would land where its traffic never reads)."""
+
+    def __init__(self, secrets: dict[str, SecretStr]) -> None:
+        self._secrets = secrets
+        self._salts: dict[tuple[str, str, int], str] = {}
+
+    def salt(self, tenant: str, model: str, epoch: int) -> str | None:
+        key = (tenant, model, epoch)
+        if key not in self._salts:
+            secret = self._secrets.get(tenant)
+            if secret is None or not secret.get_secret_value():
+                return None
+            self._salts[key] = derive_cache_salt(secret, tenant, model, epoch)
+        return self._salts[key]
+
+
+@dataclass(frozen=True, slots=True)
+class RunReport:
+    plan_id: uuid.UUID
+    items_total: int
+    items_done: int
+    tokens_prefilled: int
+    verified: frozenset[HeldKey]
+    needed: int
+    already_held: int
+    failures: list[str]
+
+    def outcome(self, stopped: str = "") -> Outcome:
+        return Outcome(self.plan_id, self.verified, self.needed, self.already_held, stopped)
+
+
+class PlanRun:
+    """One run of a `RunOrder` against `client`; `progress(report)` is called as items finish."""
+
+    def __init__(
+        self,
+        order: RunOrder,
+        client: VllmEngineClient,
+        salts: SaltBook,
+        *,
+        priority: int,
+        attempts: int,
+        progress: Callable[[RunReport], None] = lambda report: None,
+    ) -> None:
+        self.order = order
+        self._client = client
+        self._salts = salts
+        self._priority = priority
+        self._attempts = attempts
+        self._progress = progress
+        items = sorted(order.items, key=lambda item: item.tokens)
+        self._results = [ItemResult(item) for item in items]
+        self.warm_pass_s: float | None = None
+        """Seconds the warm pass took, once it is over (the probe pass follows)."""
+
+    async def run(self) -> RunReport:
+        """Warm, then probe, every item; the final report. Cancellation propagates (see `report`)."""
+        limit = asyncio.Semaphore(self.order.concurrency)
+        began = time.perf_counter()
+        async with asyncio.TaskGroup() as warms:
+            for result in self._results:
+                warms.create_task(self._bounded(limit, self._warm, result))
+        self.warm_pass_s = time.perf_counter() - began
+        async with asyncio.TaskGroup() as probes:
+            for result in self._results:
+                if result.state == "warmed":
+                    probes.create_task(self._bounded(limit, self._probe, result))
+        return self.report()
+
+    def report(self) -> RunReport:
+        """What the run has achieved so far (items still pending count as not done)."""
+        plan = self.order.plan
+        results = self._results
+        return RunReport(
+            plan_id=plan.plan_id,
+            items_total=len(plan.items),
+            items_done=sum(r.state not in ("pending", "warmed") for r in results) + self.order.already_held,
+            tokens_prefilled=sum(r.tokens_prefilled for r in results),
+            verified=frozenset(held_key(plan, r.item) for r in results if r.state == "verified"),
+            needed=sum(r.state != "too_short" for r in results),
+            already_held=self.order.already_held,
+            failures=[
+                f"prefix {r.item.prefix_id}: {r.reason}"
+                for r in results
+                if r.state in ("failed", "unverified")
+            ],
+        )
+
+    async def _bounded(
+        self, limit: asyncio.Semaphore, step: Callable[[ItemResult, str], Awaitable[None]], result: ItemResult
+    ) -> None:
+        plan = self.order.plan
+        salt = self._salts.salt(result.item.tenant, plan.model.name, plan.epoch)
+        if salt is None:
+            result.state, result.reason = "failed", f"no cache-salt secret for tenant {result.item.tenant!r}"
+            self._progress(self.report())
+            return
+        async with limit:
+            await step(result, salt)
+        self._progress(self.report())
+
+    async def _warm(self, result: ItemResult, salt: str) -> None:
+        try:
+            warmed = await self._send(result.item, salt)
+        except WarmFailed as failure:
+            result.state, result.reason = "failed", failure.reason
+            return
+        result.prompt_tokens = warmed.prompt_tokens
+        result.tokens_prefilled = warmed.prompt_tokens - warmed.cached_tokens
+        if self._client.expected_cached_tokens(warmed.prompt_tokens) == 0:
+            result.state = "too_short"
+            result.reason = f"{warmed.prompt_tokens} tokens: shorter than one block and a token"
+        else:
+            result.state = "warmed"
+
+    async def _probe(self, result: ItemResult, salt: str) -> None:
+        try:
+            probed = await self._send(result.item, salt)
+        except WarmFailed as failure:
+            result.state, result.reason = "failed", f"probe: {failure.reason}"
+            return
+        expected = self._client.expected_cached_tokens(result.prompt_tokens)
+        if probed.cached_tokens >= expected:
+            result.state = "verified"
+        else:
+            result.state = "unverified"
+            result.reason = f"probe found {probed.cached_tokens} cached tokens of {expected} expected"
+
+    async def _send(self, item: WarmItem, salt: str) -> WarmResult:
+        for attempt in range(1, self._attempts + 1):
+            try:
+                return await self._client.warm(item.payload, cache_salt=salt, priority=self._priority)
+            except WarmFailed as failure:
+                if not failure.retryable or attempt == self._attempts:
+                    raise
+        raise AssertionError("unreachable: the last attempt raises")

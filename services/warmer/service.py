@@ -1,0 +1,255 @@
+"""The warmer of one node: reads the plans topic, drives its replicas, reports, serves readiness.
+
+`Warmer` owns a producer (lifecycle and warm results, acknowledged and retried in order through one
+outbox), a consumer of the plans topic in the node's own group (`<group_id_prefix>-<node>`, from the
+earliest offset: every node reads every plan and keeps its own), one `ReplicaDriver` per engine, and the
+HTTP server of `/ready`. A plan is handed to its replica's tracker before its offset is committed; a
+redelivered plan is recognised by id and applied once. Plans for another node are skipped; a plan for a
+replica this warmer does not drive, or one its tracker refuses (older epoch, past its deadline, for an
+earlier start), is answered with a `warm.finished` that says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
+from prometheus_client import CollectorRegistry
+
+from warmplane.services.warmer.core.replica import ReplicaTracker, policy_from
+from warmplane.services.warmer.http import StatusServer
+from warmplane.services.warmer.metrics import WarmerMetrics
+from warmplane.services.warmer.plan_run import SaltBook
+from warmplane.services.warmer.replica_driver import ReplicaDriver, refusal
+from warmplane.services.warmer.settings import EngineSettings, WarmerSettings
+from warmplane.services.warmer.vllm_client import VllmEngineClient
+from warmplane.shared.codec import DecodeFailure, EventCodec
+from warmplane.shared.dead_letters import DeadLetter, KafkaDeadLetterSink, reason_class
+from warmplane.shared.event_ids import new_event_id
+from warmplane.shared.event_publisher import KafkaEventPublisher
+from warmplane.shared.events import Event, WarmPlanIssued
+from warmplane.shared.kafka_admin import ensure_topics
+from warmplane.shared.topics import Topics
+
+log = logging.getLogger(__name__)
+_BACKOFF_MAX_S = 5.0
+
+
+class Warmer:
+    """`async with Warmer(settings) as warmer:` starts everything; leaving stops it, runs cancelled."""
+
+    def __init__(
+        self,
+        settings: WarmerSettings,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        new_id: Callable[[], uuid.UUID] = new_event_id,
+    ) -> None:
+        self.settings = settings
+        self.metrics = WarmerMetrics(CollectorRegistry())
+        self.drivers: dict[str, ReplicaDriver] = {}
+        self._clock = clock
+        self._new_id = new_id
+        self._topics = Topics(settings.kafka.topic_prefix)
+        self._codec = EventCodec(settings.kafka.max_event_bytes)
+        self._salts = SaltBook(settings.tenant_secrets)
+        self._outbox: asyncio.Queue[Event] = asyncio.Queue()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stack = contextlib.AsyncExitStack()
+        self._http = StatusServer(self, settings.http_host, settings.http_port)
+
+    @property
+    def node(self) -> str:
+        return self.settings.node
+
+    @property
+    def http_port(self) -> int:
+        return self._http.port
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        kafka = self.settings.kafka
+        try:
+            await ensure_topics(kafka, self._topics.all())
+            producer = AIOKafkaProducer(
+                bootstrap_servers=kafka.bootstrap_servers,
+                client_id=f"{kafka.client_id}-warmer-{self.node}",
+                acks="all",
+                request_timeout_ms=kafka.request_timeout_ms,
+            )
+            await producer.start()
+            self._stack.push_async_callback(producer.stop)
+            publisher = KafkaEventPublisher(
+                producer, self._topics, self._codec, self.settings.warm.publish_timeout_s
+            )
+            dead_letters = KafkaDeadLetterSink(
+                producer, self._topics.dead_letter, f"warmer/{self.node}", kafka.commit_timeout_s
+            )
+            consumer = AIOKafkaConsumer(
+                self._topics.plans,
+                bootstrap_servers=kafka.bootstrap_servers,
+                client_id=f"{kafka.client_id}-warmer-{self.node}",
+                group_id=f"{self.settings.group_id_prefix}-{self.node}",
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                session_timeout_ms=kafka.session_timeout_ms,
+                heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+                request_timeout_ms=max(kafka.request_timeout_ms, kafka.session_timeout_ms + 1),
+            )
+            await consumer.start()
+            self._stack.push_async_callback(consumer.stop)
+            await self._http.start()
+            self._stack.push_async_callback(self._http.stop)
+            self._spawn("outbox", self._drain_outbox(publisher))
+            self._spawn("plans", self._consume_plans(consumer, dead_letters))
+            for engine in self.settings.engines:
+                self.add_engine(engine)
+        except BaseException:
+            await self.stop()
+            raise
+
+    def add_engine(self, engine: EngineSettings) -> ReplicaDriver:
+        """Start driving `engine` (a replica scheduled on this node): it is announced as starting now."""
+        if engine.replica in self.drivers:
+            raise ValueError(f"replica {engine.replica!r} is already driven by this warmer")
+        warm, readiness = self.settings.warm, self.settings.readiness
+        client = VllmEngineClient(
+            engine.url,
+            engine.served_model,
+            connect_timeout_s=warm.connect_timeout_s,
+            request_timeout_s=warm.request_timeout_s,
+            health_timeout_s=warm.health_timeout_s,
+            block_size=engine.block_size,
+        )
+        self._stack.push_async_callback(client.aclose)
+        policy = policy_from(
+            concurrency=warm.concurrency,
+            ready_concurrency=warm.ready_concurrency,
+            crash_after_failures=warm.crash_after_failures,
+            plan_wait_s=readiness.plan_wait_s,
+            on_deadline=readiness.on_deadline,
+            min_verified_fraction=readiness.min_verified_fraction,
+        )
+        driver = ReplicaDriver(
+            node=self.node,
+            engine=engine,
+            client=client,
+            tracker=ReplicaTracker(engine.replica, policy, self._new_id),
+            salts=self._salts,
+            warm=warm,
+            publish=self._outbox.put_nowait,
+            metrics=self.metrics,
+            clock=self._clock,
+        )
+        self.drivers[engine.replica] = driver
+        self._spawn(f"replica {engine.replica}", driver.run())
+        return driver
+
+    async def stop(self) -> None:
+        """Stop the replicas' loops and the consumer, publish what is queued (bounded), close the rest."""
+        outbox = self._tasks.pop("outbox", None)
+        others = list(self._tasks.values())
+        self._tasks.clear()
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        if outbox is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._outbox.join(), self.settings.warm.publish_timeout_s)
+            outbox.cancel()
+            await asyncio.gather(outbox, return_exceptions=True)
+        await self._stack.aclose()
+
+    def ready(self, replica: str | None = None) -> bool:
+        """`replica`'s readiness; for None, true iff this warmer drives replicas and all are ready."""
+        if replica is not None:
+            return self.drivers[replica].tracker.ready
+        return bool(self.drivers) and all(driver.tracker.ready for driver in self.drivers.values())
+
+    def _spawn(self, name: str, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work, name=f"warmer {name}")
+        task.add_done_callback(self._died)
+        self._tasks[name] = task
+
+    def _died(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.critical("%s stopped: %r", task.get_name(), error, exc_info=error)
+
+    async def _consume_plans(self, consumer: AIOKafkaConsumer, dead_letters: KafkaDeadLetterSink) -> None:
+        while True:
+            batches = await consumer.getmany(timeout_ms=500, max_records=100)
+            for records in batches.values():
+                for record in records:
+                    await self._handle(record, dead_letters)
+            if batches:
+                try:
+                    await consumer.commit()
+                except Exception:  # redelivered plans are recognised by id; the next commit covers these
+                    log.warning("could not commit plan offsets; they will be read again", exc_info=True)
+
+    async def _handle(self, record: ConsumerRecord[bytes, bytes], dead_letters: KafkaDeadLetterSink) -> None:
+        event = self._codec.decode(record.value)
+        if isinstance(event, DecodeFailure):
+            await dead_letters.send_all([DeadLetter(record, event.reason)])
+            self.metrics.dead_lettered.labels(reason_class(event.reason)).inc()
+            log.warning("dead-lettered plans message at offset %d: %s", record.offset, event.reason)
+            return
+        if not isinstance(event, WarmPlanIssued) or event.node != self.node:
+            self.metrics.plans.labels("other_node").inc()
+            return
+        self.offer(event)
+
+    def offer(self, plan: WarmPlanIssued) -> None:
+        """Hand `plan` (addressed to this node) to its replica, or answer why it will not run."""
+        driver = self.drivers.get(plan.replica)
+        if driver is None:
+            self.metrics.plans.labels("unknown_replica").inc()
+            reason = f"unknown replica {plan.replica!r} on node {self.node!r} (drives {sorted(self.drivers)})"
+            log.warning("plan %s: %s", plan.plan_id, reason)
+            self._outbox.put_nowait(refusal(plan, reason, producer=f"warmer/{self.node}", at=self._clock()))
+            return
+        decision = driver.tracker.offer(plan, self._clock())
+        if decision.accepted:
+            self.metrics.plans.labels("accepted").inc()
+            driver.accepted(plan)
+        elif decision.reason.startswith("duplicate"):
+            self.metrics.plans.labels("duplicate").inc()
+        else:
+            self.metrics.plans.labels("dropped").inc()
+            log.info("replica %s: dropped plan %s: %s", plan.replica, plan.plan_id, decision.reason)
+            driver.refuse(plan, decision.reason)
+
+    async def _drain_outbox(self, publisher: KafkaEventPublisher) -> None:
+        """Publish queued events in order; an event the broker does not acknowledge is retried, never lost
+        while the warmer runs."""
+        while True:
+            event = await self._outbox.get()
+            backoff = 0.1
+            while True:
+                try:
+                    await publisher.publish(event)
+                    break
+                except Exception as error:
+                    self.metrics.publish_retries.inc()
+                    log.warning(
+                        "could not publish %s (%r); retrying in %.1f s", event.event_id, error, backoff
+                    )
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, _BACKOFF_MAX_S)
+            self._outbox.task_done()

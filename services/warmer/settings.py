@@ -1,0 +1,84 @@
+"""The warmer's settings: `WARMPLANE_NODE`, `WARMPLANE_ENGINES`, `WARMPLANE_TENANT_SECRETS`,
+`WARMPLANE_WARM__*` and `WARMPLANE_READINESS__*` on top of the shared parts.
+
+Example for a node with one engine:
+    WARMPLANE_NODE=gpu-node-7
+    WARMPLANE_ENGINES='[{"replica": "llama-7-0", "url": "http://127.0.0.1:8000", "served_model": "llama"}]'
+    WARMPLANE_TENANT_SECRETS='{"acme": "...", "globex": "..."}'
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, Field, SecretStr, model_validator
+
+from warmplane.shared.settings import WarmplaneSettings
+
+Seconds = Annotated[float, Field(gt=0)]
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
+
+
+class EngineSettings(BaseModel):
+    """One local vLLM engine: the replica it is, where it answers, and what it serves."""
+
+    replica: Name
+    url: Annotated[str, Field(pattern=r"^https?://[^\s]+$")]
+    served_model: Name
+    """The model name the engine's OpenAI API answers to (`--served-model-name`)."""
+    model_revision: Annotated[str, Field(max_length=128)] = ""
+    """The weights revision it serves (vLLM does not expose one); goes on its lifecycle events."""
+    block_size: Annotated[int, Field(ge=1, le=1024)] = 16
+    """The engine's KV block size in tokens (`--block-size`): what a probe counts in."""
+
+
+class WarmSettings(BaseModel):
+    """How the warmer drives an engine."""
+
+    concurrency: Annotated[int, Field(ge=1, le=256)] = 8
+    """Warm requests in flight per engine while the replica is not yet ready."""
+    ready_concurrency: Annotated[int, Field(ge=1, le=256)] = 1
+    """In flight once it serves traffic: a real request waits for running warm-ups (design brief, 8)."""
+    priority: int = 10
+    """vLLM priority of warm and probe requests; real traffic at 0 is served first."""
+    connect_timeout_s: Seconds = 2.0
+    request_timeout_s: Seconds = 60.0
+    health_timeout_s: Seconds = 2.0
+    health_interval_s: Seconds = 1.0
+    crash_after_failures: Annotated[int, Field(ge=1, le=100)] = 3
+    """Consecutive failed health checks after which a replica that answered is reported crashed."""
+    attempts: Annotated[int, Field(ge=1, le=10)] = 2
+    """Tries per item for a transient failure (timeout, transport, HTTP 5xx); a rejection is not retried."""
+    progress_interval_s: Seconds = 1.0
+    publish_timeout_s: Seconds = 10.0
+
+
+class ReadinessSettings(BaseModel):
+    """When `/ready` turns true (design brief, section 8)."""
+
+    plan_wait_s: Seconds = 300.0
+    """How long a loaded replica waits for its plan before it turns ready cold (reported as partial)."""
+    on_deadline: Literal["ready_partial", "stay_unready"] = "ready_partial"
+    """At a plan's deadline with items unverified: serve anyway (a partial warm) or keep waiting."""
+    min_verified_fraction: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """The share of a plan's items that must verify for ready before its deadline."""
+
+
+class WarmerSettings(WarmplaneSettings):
+    node: Name
+    engines: list[EngineSettings] = Field(default_factory=list)
+    tenant_secrets: dict[str, SecretStr] = Field(default_factory=dict)
+    """Each tenant's cache-salt secret, shared with the gateway; a tenant without one is never warmed."""
+    group_id_prefix: Annotated[str, Field(min_length=1)] = "warmplane-warmer"
+    warm: WarmSettings = WarmSettings()
+    readiness: ReadinessSettings = ReadinessSettings()
+    http_host: str = "0.0.0.0"  # noqa: S104 - a readiness probe reaches the pod from outside it
+    http_port: Annotated[int, Field(ge=0, le=65_535)] = 8090
+    """Port of `/ready`, `/status`, `/healthz` and `/metrics`; 0 picks a free one."""
+
+    @model_validator(mode="after")
+    def _distinct_replicas(self) -> Self:
+        names = [engine.replica for engine in self.engines]
+        if len(names) != len(set(names)):
+            raise ValueError(f"engines name a replica twice: {sorted(names)}")
+        return self
