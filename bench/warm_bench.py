@@ -119,7 +119,15 @@ async def plan_run(engine: Engine, batch: Sequence[list[int]], concurrency: int)
     async with VllmEngineClient(
         engine.url, engine.model, connect_timeout_s=5, request_timeout_s=300, block_size=engine.block_size
     ) as client:
-        run = PlanRun(order, client, SaltBook({"bench": secret}), priority=10, attempts=1)
+        warm = WarmSettings()
+        run = PlanRun(
+            order,
+            client,
+            SaltBook({"bench": secret}),
+            priority=warm.priority,
+            attempts=1,
+            probe_concurrency=warm.probe_concurrency,
+        )
         began = time.perf_counter()
         report = await run.run()
         wall = time.perf_counter() - began

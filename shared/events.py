@@ -202,13 +202,19 @@ class EpochBumped(Event, kw_only=True, frozen=True, tag="epoch.bumped"):
 
 class WarmItem(Struct, frozen=True, gc=False):
     """One prefix to pre-fill: its id, its tokens, the payload that renders it, and the namespace it
-    belongs to (the tenant picks the `cache_salt`; a plan for a replica mixes tenants)."""
+    belongs to: the tenant and its (tenant, model) `epoch` pick the `cache_salt` (a plan for a replica
+    mixes tenants, each at its own epoch; `None` means the plan's epoch)."""
 
     prefix_id: PrefixId
     tokens: Tokens
     payload: PrefixPayload
     tenant: OptionalName = ""
     prompt_rev: OptionalName = ""
+    epoch: Epoch | None = None
+
+    def epoch_in(self, plan_epoch: int) -> int:
+        """The epoch this item is warmed in, within a plan of `plan_epoch`."""
+        return plan_epoch if self.epoch is None else self.epoch
 
 
 class WarmPlanIssued(Event, kw_only=True, frozen=True, tag="warm_plan.issued"):

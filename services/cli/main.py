@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.verbose:
             for name in ("faststream", "faststream.access.kafka"):
                 logging.getLogger(name).setLevel(logging.WARNING)
+            # aiokafka logs a fetch the busy embedded broker did not answer in time at ERROR, and then
+            # retries it; --verbose shows those.
+            logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
         options = UpOptions(args.trace, args.limit, args.workdir, args.keep_running)
         try:
             asyncio.run(run_up(options, sys.stdout))

@@ -69,6 +69,7 @@ def build_planner(settings: PlannerSettings) -> Planner:
         topics.requests,
         topics.misses,
         topics.lifecycle,
+        topics.warm_results,
         batch=True,
         group_id=settings.ingest.group_id,
         auto_offset_reset="earliest",

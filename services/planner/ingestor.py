@@ -99,7 +99,8 @@ class Ingestor:
         self._failure: BaseException | None = None
         self._on_failure = on_failure
         self._after_commit = after_commit
-        """Called with each batch holding replica events once it committed (the plan issuer)."""
+        """Called with each batch holding replica events or fleet changes once it committed (the plan
+        issuer)."""
 
     def start(self) -> None:
         if self._task is None:
@@ -269,7 +270,7 @@ class Ingestor:
         self._metrics.duplicates.inc(work.duplicates)
         for kind, count in Counter(type(event) for event in work.events).items():
             self._metrics.events.labels(type=event_type(kind)).inc(count)
-        if batch.replica_events and self._after_commit is not None:
+        if (batch.replica_events or batch.fleet_changes) and self._after_commit is not None:
             await self._after_commit(batch)
         if not self._broker_commits:
             return

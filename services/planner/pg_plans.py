@@ -1,5 +1,5 @@
 """The planner's Postgres reads and writes for warm plans: candidate prefixes of a model, catalogued
-payloads, and the idempotent record of an issued plan (migration 0003)."""
+payloads, tenants' epochs, live replicas, and the idempotent record of an issued plan (0003, 0004)."""
 
 from __future__ import annotations
 
@@ -31,12 +31,17 @@ SELECT c.scope_id, c.prefix_id, c.payload::text FROM prefix_catalog c
 JOIN unnest($1::integer[], $2::bigint[]) AS k(scope_id, prefix_id) USING (scope_id, prefix_id)
 """
 SCOPE_NAMES = "SELECT scope_id, tenant, prompt_rev FROM scopes WHERE scope_id = ANY($1::integer[])"
-PLANNED = "SELECT EXISTS (SELECT 1 FROM warm_plans WHERE trigger_event_id = $1)"
+PLANNED = "SELECT EXISTS (SELECT 1 FROM warm_plans WHERE trigger_event_id = $1 AND replica_id = $2)"
+CURRENT_EPOCHS = "SELECT tenant, epoch FROM epochs WHERE model = $1"
+LIVE_REPLICAS = """
+SELECT replica_id, node FROM replicas
+WHERE model = $1 AND state IN ('starting', 'loading', 'warming', 'ready') ORDER BY replica_id
+"""
 RECORD_PLAN = """
 INSERT INTO warm_plans (plan_id, replica_id, node, model, epoch, state, items, budget_tokens, deadline,
                         issued_at, trigger_event_id)
 VALUES ($1, $2, $3, $4, $5, 'issued', $6::jsonb, $7, $8, $9, $10)
-ON CONFLICT (trigger_event_id) DO NOTHING
+ON CONFLICT (trigger_event_id, replica_id) DO NOTHING
 RETURNING plan_id
 """
 
@@ -85,13 +90,24 @@ class PgPlanStore:
         rows = await self._pool.fetch(SCOPE_NAMES, list(scope_ids))
         return {row[0]: (row[1], row[2]) for row in rows}
 
-    async def planned(self, trigger_event_id: uuid.UUID) -> bool:
-        """Whether a plan was already issued for the lifecycle event `trigger_event_id`."""
+    async def current_epochs(self, model: str) -> dict[str, int]:
+        """The current epoch of each tenant of `model` that was ever bumped (the others are at 0)."""
+        rows = await self._pool.fetch(CURRENT_EPOCHS, model)
+        return {row[0]: row[1] for row in rows}
+
+    async def live_replicas(self, model: str) -> list[tuple[str, str]]:
+        """(replica, node) of every replica of `model` that is starting, loading, warming or ready."""
+        rows = await self._pool.fetch(LIVE_REPLICAS, model)
+        return [(row[0], row[1]) for row in rows]
+
+    async def planned(self, trigger_event_id: uuid.UUID, replica: str) -> bool:
+        """Whether `replica` already has a plan for the event `trigger_event_id`."""
         async with self._pool.acquire() as connection:
-            return bool(await connection.fetchval(PLANNED, trigger_event_id))
+            return bool(await connection.fetchval(PLANNED, trigger_event_id, replica))
 
     async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool:
-        """Record `plan` as issued for `trigger_event_id`; False (and nothing written) if one already was."""
+        """Record `plan` as issued for `trigger_event_id`; False (and nothing written) if `plan.replica`
+        already has a plan for it."""
         async with self._pool.acquire() as connection:
             inserted = await connection.fetchval(
                 RECORD_PLAN,

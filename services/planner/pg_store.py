@@ -19,7 +19,7 @@ import msgspec
 
 from warmplane.services.planner.core.ingest_batch import IngestBatch, Scope
 from warmplane.services.planner.core.recent_ids import pack_ids, unpack_ids
-from warmplane.shared.events import Event, ReplicaEvent
+from warmplane.shared.events import EpochBumped, Event, ReplicaEvent, WarmFinished, WarmProgressed
 
 _json = msgspec.json.Encoder()
 log = logging.getLogger(__name__)
@@ -66,6 +66,23 @@ ON CONFLICT (replica_id) DO UPDATE SET
 RECORD_FLEET_CHANGE = """
 INSERT INTO fleet_changes (event_id, type, tenant, model, revision, occurred_at, body)
 VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb) ON CONFLICT DO NOTHING
+"""
+RAISE_EPOCH = """
+INSERT INTO epochs AS e (tenant, model, epoch, bumped_at, reason, event_id) VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (tenant, model) DO UPDATE
+SET epoch = excluded.epoch, bumped_at = excluded.bumped_at, reason = excluded.reason,
+    event_id = excluded.event_id
+WHERE e.epoch < excluded.epoch
+"""
+PLAN_PROGRESSED = """
+UPDATE warm_plans SET state = 'warming', items_done = $2, tokens_prefilled = $3
+WHERE plan_id = $1 AND state IN ('issued', 'warming')
+"""
+PLAN_FINISHED = """
+UPDATE warm_plans
+SET state = $2, items_done = $3, tokens_prefilled = $4, verified_hits = $5, failures = $6::jsonb,
+    finished_at = $7
+WHERE plan_id = $1
 """
 
 
@@ -125,7 +142,7 @@ class PgIngestStore:
     async def _write_once(
         self, connection: asyncpg.Connection, slices: Sequence[PartitionSlice], batch: IngestBatch
     ) -> None:
-        if batch.replica_events or batch.fleet_changes:
+        if batch.has_records:
             async with connection.transaction():
                 await self._ingest(connection, slices, batch)
                 await self._record_fleet(connection, batch)
@@ -269,6 +286,38 @@ class PgIngestStore:
                 change.occurred_at,
                 _json.encode(change).decode(),
             )
+            if isinstance(change, EpochBumped):
+                await connection.execute(
+                    RAISE_EPOCH,
+                    change.tenant,
+                    change.model.name,
+                    change.epoch,
+                    change.occurred_at,
+                    change.reason,
+                    change.event_id,
+                )
+        for result in batch.plan_results:
+            await self._record_result(connection, result)
+
+    async def _record_result(
+        self, connection: asyncpg.Connection, result: WarmProgressed | WarmFinished
+    ) -> None:
+        """Move the plan's row: `warming` while it progresses, then its outcome (module doc of 0004)."""
+        if isinstance(result, WarmProgressed):
+            await connection.execute(
+                PLAN_PROGRESSED, result.plan_id, result.items_done, result.tokens_prefilled
+            )
+            return
+        await connection.execute(
+            PLAN_FINISHED,
+            result.plan_id,
+            plan_state(result),
+            result.items_done,
+            result.tokens_prefilled,
+            result.verified_hits,
+            _json.encode(result.failures).decode(),
+            result.occurred_at,
+        )
 
     async def _record_replica(self, connection: asyncpg.Connection, event: ReplicaEvent) -> None:
         await connection.execute(
@@ -301,6 +350,13 @@ class PgIngestStore:
                 "DELETE FROM prefix_catalog WHERE last_seen < $1", catalog_before
             )
         return int(ledger.split()[-1]), int(catalog.split()[-1])
+
+
+def plan_state(result: WarmFinished) -> str:
+    """`verified` when nothing failed, `partial` when some prefixes are held, else `failed`."""
+    if not result.partial and not result.failures:
+        return "verified"
+    return "partial" if result.verified_hits > 0 else "failed"
 
 
 def event_type(event: Event | type[Event]) -> str:

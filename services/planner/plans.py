@@ -1,9 +1,14 @@
-"""Issuing warm plans: after a batch holding `replica.started` events commits, plan each new replica.
+"""Issuing warm plans: after a batch commits, plan each replica it reports starting, and every live
+replica of a model whose epoch it bumps.
 
-For each starting replica: choose the model's most valuable catalogued prefixes under the budget
-(`core.simple_plan`), record the plan in Postgres (unique on the triggering event, so a redelivered
-`replica.started` issues nothing), and only when the row was inserted publish `WarmPlanIssued` to the
-plans topic, keyed by node.
+A starting replica gets the model's most valuable catalogued prefixes under the budget
+(`core.simple_plan`), each item at its tenant's current epoch (table `epochs`), and the plan names the
+`replica.started` it answers (`trigger_event_id`), so a warmer drops a plan for an earlier start. An
+`epoch.bumped` for (tenant, model) gives every replica of the model that is starting, loading, warming
+or ready a plan of that tenant's prefixes at the new epoch: a bump invalidates caches, not knowledge.
+Each plan is recorded in Postgres (unique on (trigger, replica), so a redelivered trigger issues
+nothing), and only when the row was inserted published as `WarmPlanIssued` to the plans topic, keyed by
+node.
 
 Delivery: a plan is recorded before it is published. If publishing fails the row stays `issued` and the
 failure is logged; re-publishing issued plans is left to later at-least-once work (the row holds all a
@@ -16,7 +21,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -28,7 +34,14 @@ from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.settings import PlanSettings
 from warmplane.shared.codec import DEFAULT_MAX_EVENT_BYTES
 from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.events import PrefixPayload, ReplicaStarted, WarmItem, WarmPlanIssued
+from warmplane.shared.events import (
+    EpochBumped,
+    ModelRef,
+    PrefixPayload,
+    ReplicaStarted,
+    WarmItem,
+    WarmPlanIssued,
+)
 
 log = logging.getLogger(__name__)
 _ENVELOPE_BYTES = 4_096
@@ -41,7 +54,9 @@ class PlanStore(Protocol):
     async def candidates(self, model: str, since_bucket: int) -> list[Candidate]: ...
     async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]: ...
     async def scope_names(self, scope_ids: Sequence[int]) -> dict[int, tuple[str, str]]: ...
-    async def planned(self, trigger_event_id: uuid.UUID) -> bool: ...
+    async def current_epochs(self, model: str) -> dict[str, int]: ...
+    async def live_replicas(self, model: str) -> list[tuple[str, str]]: ...
+    async def planned(self, trigger_event_id: uuid.UUID, replica: str) -> bool: ...
     async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool: ...
 
 
@@ -76,15 +91,22 @@ class PlanIssuer:
         self._clock = clock
 
     async def after_commit(self, batch: IngestBatch) -> None:
-        """Plan every replica that `batch` (already committed) reports starting. Never raises: the batch's
-        counts stand whatever happens to its plans, and a failure is logged and counted."""
+        """Plan every replica that `batch` (already committed) reports starting, and every live replica of
+        a model whose epoch it bumps. Never raises: the batch's counts stand whatever happens to its
+        plans, and a failure is logged and counted."""
         for event in batch.replica_events:
             if isinstance(event, ReplicaStarted):
-                try:
-                    await self.issue(event)
-                except Exception:  # a plan must not stop ingestion; later work re-plans (module doc)
-                    self._metrics.plan_failures.inc()
-                    log.exception("could not plan replica %s (event %s)", event.replica, event.event_id)
+                await self._guarded(self.issue(event), f"replica {event.replica} (event {event.event_id})")
+        for change in batch.fleet_changes:
+            if isinstance(change, EpochBumped):
+                await self._guarded(self.replan(change), f"epoch {change.epoch} of {change.model.name}")
+
+    async def _guarded(self, planning: Awaitable[object], what: str) -> None:
+        try:
+            await planning
+        except Exception:  # a plan must not stop ingestion; later work re-plans (module doc)
+            self._metrics.plan_failures.inc()
+            log.exception("could not plan %s", what)
 
     async def issue(self, started: ReplicaStarted) -> WarmPlanIssued | None:
         """Choose, record and publish the plan `started` triggers; None if one was already recorded.
@@ -92,10 +114,25 @@ class PlanIssuer:
         Returns the plan once recorded, even if publishing it failed (logged, counted). Raises what the
         store raises (asyncpg and OS errors) before anything is recorded.
         """
-        if await self._store.planned(started.event_id):
+        target = Target(started.replica, started.node, started.model, started.event_id, answers_start=True)
+        return await self._issue(target, tenant=None, epoch=started.epoch or 0)
+
+    async def replan(self, bump: EpochBumped) -> list[WarmPlanIssued]:
+        """Plan the new epoch of (`bump.tenant`, model) on every live replica of the model; the plans
+        recorded (a replica already planned for this bump gets none)."""
+        issued = []
+        for replica, node in await self._store.live_replicas(bump.model.name):
+            target = Target(replica, node, bump.model, bump.event_id, answers_start=False)
+            plan = await self._issue(target, tenant=bump.tenant, epoch=bump.epoch)
+            if plan is not None:
+                issued.append(plan)
+        return issued
+
+    async def _issue(self, target: Target, *, tenant: str | None, epoch: int) -> WarmPlanIssued | None:
+        if await self._store.planned(target.trigger, target.replica):
             return None
-        plan = await self._choose(started)
-        if not await self._store.record(plan, started.event_id):
+        plan = await self._choose(target, tenant, epoch)
+        if not await self._store.record(plan, target.trigger):
             return None  # a concurrent planner recorded it first
         try:
             await self._publisher.publish(plan)
@@ -105,46 +142,77 @@ class PlanIssuer:
             return plan
         self._metrics.plans_issued.inc()
         log.info(
-            "issued plan %s for replica %s on %s: %d items, %d tokens",
+            "issued plan %s for replica %s on %s (epoch %d%s): %d items, %d tokens",
             plan.plan_id,
             plan.replica,
             plan.node,
+            epoch,
+            f", tenant {tenant}" if tenant is not None else "",
             len(plan.items),
             sum(item.tokens for item in plan.items),
         )
         return plan
 
-    async def _choose(self, started: ReplicaStarted) -> WarmPlanIssued:
+    async def _choose(self, target: Target, tenant: str | None, epoch: int) -> WarmPlanIssued:
+        """The plan for `target`: of `tenant`'s prefixes only if given, each item at its tenant's current
+        epoch (at least `epoch` for `tenant`)."""
         settings = self._settings
         now = self._clock()
         since = now - timedelta(hours=settings.window_hours)
-        offered = await self._store.candidates(
-            started.model.name, int(since.timestamp()) // self._bucket_seconds
-        )
+        model = target.model.name
+        offered = await self._store.candidates(model, int(since.timestamp()) // self._bucket_seconds)
+        names = await self._store.scope_names(sorted({c.node.key[0] for c in offered}))
+        if tenant is not None:
+            offered = [c for c in offered if names.get(c.node.key[0], ("",))[0] == tenant]
         chosen = choose_warm_set(offered, budget_tokens=settings.budget_tokens, max_items=settings.max_items)
         payloads = await self._store.payloads([c.node.key for c in chosen])
-        names = await self._store.scope_names(sorted({c.node.key[0] for c in chosen}))
-        items = [
-            WarmItem(c.node.key[1], c.node.tokens, payloads[c.node.key], *names[c.node.key[0]])
-            for c in chosen
-            if c.node.key in payloads and c.node.key[0] in names
-        ]
+        epochs = await self._store.current_epochs(model)
+        if tenant is not None:
+            epochs[tenant] = max(epochs.get(tenant, 0), epoch)
+        items = []
+        for c in chosen:
+            scope, prefix = c.node.key
+            if c.node.key in payloads and scope in names:
+                item_tenant, prompt_rev = names[scope]
+                items.append(
+                    WarmItem(
+                        prefix,
+                        c.node.tokens,
+                        payloads[c.node.key],
+                        item_tenant,
+                        prompt_rev,
+                        epochs.get(item_tenant, 0),
+                    )
+                )
         items = fit_items(items, self._max_plan_bytes - _ENVELOPE_BYTES)
         plan_id = new_event_id()  # also the event id: a re-publish of the plan is the same event
         return WarmPlanIssued(
             event_id=plan_id,
             occurred_at=now,
             producer="planner",
-            model=started.model,
-            epoch=started.epoch or 0,
+            tenant=tenant or "",
+            model=target.model,
+            epoch=epoch,
             plan_id=plan_id,
-            replica=started.replica,
-            node=started.node,
+            replica=target.replica,
+            node=target.node,
             items=items,
             budget_tokens=settings.budget_tokens,
             deadline=now + timedelta(seconds=settings.deadline_s),
-            trigger_event_id=started.event_id,
+            trigger_event_id=target.trigger if target.answers_start else None,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The replica a plan is for, and what triggered it (`answers_start`: a `replica.started`, which the
+    plan then names, so that a warmer drops it after a later start)."""
+
+    replica: str
+    node: str
+    model: ModelRef
+    trigger: uuid.UUID
+    answers_start: bool
 
 
 def fit_items(items: list[WarmItem], max_bytes: int) -> list[WarmItem]:

@@ -2,7 +2,8 @@
 
 Two passes. The first sends every item once (`max_tokens=1`, low priority, at most `concurrency` in flight,
 shortest first so a child reuses the blocks its parent just filled). The second repeats each warmed item
-and calls it verified when the engine's `cached_tokens` equals the item's full blocks: probing after the
+(at most `probe_concurrency` in flight: a probe recomputes one block, and the engine batches many) and
+calls it verified when the engine's `cached_tokens` equals the item's full blocks: probing after the
 whole plan, not after each item, also catches a plan whose end evicted its beginning.
 
 Every item ends in one state with a reason: `verified`, `unverified` (the probe found fewer cached tokens),
@@ -83,9 +84,11 @@ class PlanRun:
         *,
         priority: int,
         attempts: int,
+        probe_concurrency: int | None = None,
         progress: Callable[[RunReport], None] = lambda report: None,
     ) -> None:
         self.order = order
+        self._probe_limit = probe_concurrency or order.concurrency
         self._client = client
         self._salts = salts
         self._priority = priority
@@ -104,6 +107,7 @@ class PlanRun:
             for result in self._results:
                 warms.create_task(self._bounded(limit, self._warm, result))
         self.warm_pass_s = time.perf_counter() - began
+        limit = asyncio.Semaphore(self._probe_limit)
         async with asyncio.TaskGroup() as probes:
             for result in self._results:
                 if result.state == "warmed":
@@ -133,7 +137,7 @@ class PlanRun:
         self, limit: asyncio.Semaphore, step: Callable[[ItemResult, str], Awaitable[None]], result: ItemResult
     ) -> None:
         plan = self.order.plan
-        salt = self._salts.salt(result.item.tenant, plan.model.name, plan.epoch)
+        salt = self._salts.salt(result.item.tenant, plan.model.name, result.item.epoch_in(plan.epoch))
         if salt is None:
             result.state, result.reason = "failed", f"no cache-salt secret for tenant {result.item.tenant!r}"
             self._progress(self.report())

@@ -163,6 +163,7 @@ class ReplicaDriver:
             self._salts,
             priority=self._warm.priority,
             attempts=self._warm.attempts,
+            probe_concurrency=order.concurrency if self.tracker.ready else self._warm.probe_concurrency,
         )
         self._run_began = time.monotonic()
         self._last_progress = self._run_began

@@ -37,6 +37,8 @@ class WarmSettings(BaseModel):
 
     concurrency: Annotated[int, Field(ge=1, le=256)] = 8
     """Warm requests in flight per engine while the replica is not yet ready."""
+    probe_concurrency: Annotated[int, Field(ge=1, le=256)] = 32
+    """Probes in flight before ready: each recomputes one block, so the engine batches many cheaply."""
     ready_concurrency: Annotated[int, Field(ge=1, le=256)] = 1
     """In flight once it serves traffic: a real request waits for running warm-ups (design brief, 8)."""
     priority: int = 10

@@ -119,11 +119,12 @@ async def test_a_starting_replica_gets_one_plan_of_the_most_requested_prefixes(
             assert (plan.replica, plan.node, plan.epoch, plan.budget_tokens) == ("r-new", "node-7", 3, 500)
             assert plan.event_id == plan.plan_id and plan.model == MODEL
             # Values (requests x tokens): 9 2000, 4 1600, 3 1500 (does not fit), 1 1300, globex 30 300.
+            # Each item is at its tenant's current epoch: no tenant was ever bumped, so 0.
             assert plan.items == [
-                WarmItem(9, 100, payload(9), "acme"),
-                WarmItem(1, 100, payload(1), "acme"),
-                WarmItem(30, 100, payload(30), "globex"),
-                WarmItem(4, 200, payload(4), "acme"),
+                WarmItem(9, 100, payload(9), "acme", epoch=0),
+                WarmItem(1, 100, payload(1), "acme", epoch=0),
+                WarmItem(30, 100, payload(30), "globex", epoch=0),
+                WarmItem(4, 200, payload(4), "acme", epoch=0),
             ]
             assert (plan.deadline - plan.occurred_at).total_seconds() == settings.plans.deadline_s
 

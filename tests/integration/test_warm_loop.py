@@ -12,6 +12,7 @@ import random
 import tempfile
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -35,7 +36,15 @@ from warmplane.services.warmer.vllm_client import VllmEngineClient
 from warmplane.shared.cache_salt import derive_cache_salt
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm, ensure_tiny_model
-from warmplane.shared.events import Event, PrefixPayload, ReplicaEvent, WarmFinished, WarmPlanIssued
+from warmplane.shared.event_ids import new_event_id
+from warmplane.shared.events import (
+    EpochBumped,
+    Event,
+    PrefixPayload,
+    ReplicaEvent,
+    WarmFinished,
+    WarmPlanIssued,
+)
 from warmplane.shared.settings import KafkaSettings
 from warmplane.shared.topics import Topics
 
@@ -56,6 +65,31 @@ async def _counted(dsn: str, expected: int) -> bool:
     finally:
         await db.close()
     return bool(total == expected)
+
+
+async def _fetch(dsn: str, query: str) -> list[tuple[object, ...]]:
+    db = await asyncpg.connect(dsn)
+    try:
+        return [tuple(row) for row in await db.fetch(query)]
+    finally:
+        await db.close()
+
+
+async def _plan_states(dsn: str, expected: list[str]) -> bool:
+    rows = await _fetch(dsn, "SELECT state FROM warm_plans ORDER BY issued_at")
+    return [row[0] for row in rows] == expected
+
+
+def epoch_bumped(tenant: str, epoch: int) -> EpochBumped:
+    return EpochBumped(
+        event_id=new_event_id(),
+        occurred_at=datetime.now(UTC),
+        producer="test",
+        tenant=tenant,
+        model=MODEL,
+        epoch=epoch,
+        reason="a new system prompt",
+    )
 
 
 async def _full_blocks(engine: EmbeddedVllm, messages: list[dict[str, str]]) -> int:
@@ -100,14 +134,39 @@ async def test_a_starting_replica_is_warmed_verified_and_only_then_ready(
             cold = await real_chat(vllm_engine, conversation(rng), salt)
             assert cold["prompt_tokens_details"]["cached_tokens"] == 0
 
-    [plan] = [e for e in await _events(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
+            # acme's epoch moves on: the ready replica is planned again and warmed in the new namespace.
+            await produce(kafka, [epoch_bumped("acme", 1)])
+            await wait_for(
+                lambda: sum(key[3] == 1 for key in driver.tracker.held) == len(payloads),
+                timeout_s=_TIMEOUT_S,
+                what="the new epoch warmed",
+            )
+            assert driver.tracker.ready
+            salt_1 = derive_cache_salt(secret.encode(), "acme", MODEL.name, 1)
+            for messages in payloads.values():
+                usage = await real_chat(vllm_engine, messages, salt_1)
+                assert usage["prompt_tokens_details"]["cached_tokens"] == await _full_blocks(
+                    vllm_engine, messages
+                )
+        # The planner recorded both plans' outcomes from the warmer's results, and the epoch.
+        await poll_until(
+            lambda: _plan_states(dsn, ["verified", "verified"]), timeout_s=_TIMEOUT_S, what="outcomes"
+        )
+        assert await _fetch(dsn, "SELECT tenant, model, epoch FROM epochs") == [("acme", MODEL.name, 1)]
+
+    plan, replan = [e for e in await _events(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
     assert {item.prefix_id for item in plan.items} == set(payloads)
+    assert {(item.epoch, item.tenant) for item in plan.items} == {(0, "acme")}
+    assert {(item.epoch, item.prefix_id) for item in replan.items} == {(1, prefix) for prefix in payloads}
     lifecycle = [e for e in await _events(kafka, topics.lifecycle) if isinstance(e, ReplicaEvent)]
     assert [type(e).STATE for e in lifecycle] == ["starting", "loading", "warming", "ready"]
-    assert plan.trigger_event_id == lifecycle[0].event_id
-    [finished] = [e for e in await _events(kafka, topics.warm_results) if isinstance(e, WarmFinished)]
-    assert (finished.plan_id, finished.verified_hits, finished.failures) == (plan.plan_id, 4, [])
-    assert finished.tokens_prefilled > 4 * 4 * BLOCK_SIZE
+    assert (plan.trigger_event_id, replan.trigger_event_id) == (lifecycle[0].event_id, None)
+    finished = [e for e in await _events(kafka, topics.warm_results) if isinstance(e, WarmFinished)]
+    assert [(f.plan_id, f.verified_hits, f.failures) for f in finished] == [
+        (plan.plan_id, 4, []),
+        (replan.plan_id, 4, []),
+    ]
+    assert finished[0].tokens_prefilled > 4 * 4 * BLOCK_SIZE
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from warmplane.shared.events import (
     PrefixPayload,
     ReplicaBecameReady,
     RequestObserved,
+    WarmPlanIssued,
     WarmProgressed,
 )
 from warmplane.shared.prefix_chain import Namespace, chain_from_segments
@@ -254,9 +255,14 @@ def test_other_events_are_routed_or_ignored() -> None:
         event_id=uuid.uuid4(), occurred_at=BASE, producer="w", model=MODEL, plan_id=uuid.uuid4(),
         replica="r", items_done=1, items_total=2,
     )  # fmt: skip
-    batch = fold_events([ready, deploy, progress], bucket_seconds=60, stored_nodes=set())
+    plan = WarmPlanIssued(
+        event_id=uuid.uuid4(), occurred_at=BASE, producer="p", model=MODEL, plan_id=uuid.uuid4(), replica="r",
+        node="n", epoch=0, items=[], budget_tokens=1, deadline=BASE,
+    )  # fmt: skip
+    batch = fold_events([ready, deploy, progress, plan], bucket_seconds=60, stored_nodes=set())
     assert batch.replica_events == [ready]
     assert batch.fleet_changes == [deploy]
+    assert batch.plan_results == [progress]
     assert batch.ignored == 1
     assert batch.request_counts == {} and batch.scopes() == set()
 

@@ -17,6 +17,7 @@ from warmplane.services.planner.plans import PlanIssuer
 from warmplane.services.planner.settings import PlanSettings
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
+    EpochBumped,
     ModelRef,
     PrefixPayload,
     ReplicaBecameReady,
@@ -34,9 +35,11 @@ class MemoryPlans:
     def __init__(self, candidates: list[Candidate], payloads: dict[NodeKey, PrefixPayload]) -> None:
         self._candidates = candidates
         self._payloads = payloads
-        self.rows: dict[uuid.UUID, WarmPlanIssued] = {}
+        self.rows: dict[tuple[uuid.UUID, str], WarmPlanIssued] = {}
         self.asked: list[tuple[str, int]] = []
         self.fail = False
+        self.epochs: dict[str, int] = {}
+        self.live: list[tuple[str, str]] = []
 
     async def candidates(self, model: str, since_bucket: int) -> list[Candidate]:
         if self.fail:
@@ -50,11 +53,17 @@ class MemoryPlans:
     async def scope_names(self, scope_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
         return {scope_id: (f"tenant-{scope_id}", "v1") for scope_id in scope_ids}
 
-    async def planned(self, trigger_event_id: uuid.UUID) -> bool:
-        return trigger_event_id in self.rows
+    async def current_epochs(self, model: str) -> dict[str, int]:
+        return dict(self.epochs)
+
+    async def live_replicas(self, model: str) -> list[tuple[str, str]]:
+        return self.live
+
+    async def planned(self, trigger_event_id: uuid.UUID, replica: str) -> bool:
+        return (trigger_event_id, replica) in self.rows
 
     async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool:
-        return self.rows.setdefault(trigger_event_id, plan) is plan
+        return self.rows.setdefault((trigger_event_id, plan.replica), plan) is plan
 
 
 class Published:
@@ -96,14 +105,17 @@ def test_started_replicas_get_one_plan_each_and_other_transitions_none() -> None
         {(1, 5): PrefixPayload(5, prompt="hello"), (2, 5): PrefixPayload(5, prompt="other tenant")},
     )
     published, metrics = Published(), PlannerMetrics(CollectorRegistry())
+    store.epochs = {"tenant-1": 4}
     start = replica_event(ReplicaStarted, None)
     batch = IngestBatch(replica_events=[start, replica_event(ReplicaBecameReady, 4), start])
     asyncio.run(issuer(store, published, metrics).after_commit(batch))
 
     [plan] = published.plans
     # Chosen by value under 250 tokens: (1, 8) 450, (1, 5) 300; (2, 5) does not fit. (1, 8) lost its payload.
-    # Each item names its tenant and prompt revision: the warmer derives the cache_salt from them.
-    assert plan.items == [WarmItem(5, 100, PrefixPayload(5, prompt="hello"), "tenant-1", "v1")]
+    # Each item names its tenant, prompt revision and the tenant's current epoch: the warmer derives the
+    # cache_salt from them.
+    assert plan.items == [WarmItem(5, 100, PrefixPayload(5, prompt="hello"), "tenant-1", "v1", 4)]
+    assert plan.trigger_event_id == start.event_id
     assert (plan.epoch, plan.budget_tokens, plan.deadline) == (0, 250, NOW + timedelta(seconds=90))
     assert store.asked == [("m", int((NOW - timedelta(hours=2)).timestamp()) // 60)]
     assert metrics.plans_issued._value.get() == 1
@@ -116,3 +128,26 @@ def test_a_failing_store_is_counted_and_never_raised() -> None:
     asyncio.run(issuer(store, published, metrics).after_commit(batch))
     assert published.plans == [] and store.rows == {}
     assert metrics.plan_failures._value.get() == 1
+
+
+def test_an_epoch_bump_plans_the_tenants_prefixes_on_every_live_replica_once() -> None:
+    nodes = [PrefixNode((1, 5), None, 0, 100), PrefixNode((2, 6), None, 0, 100)]
+    store = MemoryPlans(
+        [Candidate(nodes[0], 3, True), Candidate(nodes[1], 9, True)],
+        {(1, 5): PrefixPayload(5, prompt="tenant one"), (2, 6): PrefixPayload(6, prompt="tenant two")},
+    )
+    store.live = [("r-a", "node-1"), ("r-b", "node-2")]
+    published, metrics = Published(), PlannerMetrics(CollectorRegistry())
+    bump = EpochBumped(
+        event_id=new_event_id(), occurred_at=NOW, producer="api", tenant="tenant-1", model=MODEL, epoch=7
+    )
+    run = issuer(store, published, metrics)
+    asyncio.run(run.after_commit(IngestBatch(fleet_changes=[bump])))
+    asyncio.run(run.after_commit(IngestBatch(fleet_changes=[bump])))  # redelivered: nothing more
+
+    assert [(plan.replica, plan.node) for plan in published.plans] == [("r-a", "node-1"), ("r-b", "node-2")]
+    for plan in published.plans:
+        # Only tenant-1's prefix, at the new epoch; no start to answer, so any incarnation may take it.
+        assert plan.items == [WarmItem(5, 100, PrefixPayload(5, prompt="tenant one"), "tenant-1", "v1", 7)]
+        assert (plan.epoch, plan.tenant, plan.trigger_event_id) == (7, "tenant-1", None)
+    assert metrics.plans_issued._value.get() == 2

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from warmplane.services.warmer.core.replica import (
     ReplicaTracker,
     RunOrder,
     Transition,
+    held_key,
     keys_of,
     policy_from,
 )
@@ -338,6 +340,23 @@ def test_a_plan_from_an_older_epoch_is_dropped() -> None:
     assert replica.offer(plan(4, [item(1)], epoch=1, model=ModelRef("other-model")), NOW).accepted
 
 
+def test_epochs_are_per_tenant_and_an_items_own_epoch_wins_over_the_plans() -> None:
+    replica = loaded()
+    acme_at_3 = msgspec.structs.replace(item(1), epoch=3)
+    assert replica.offer(plan(1, [acme_at_3], epoch=0), NOW).accepted
+
+    mixed = plan(2, [item(2), item(3, tenant="globex")], epoch=1)  # acme at 1 is stale, globex is not
+    decision = replica.offer(mixed, NOW)
+    order = replica.next_run()  # the first plan
+    assert order is not None and order.items == [acme_at_3]
+    assert held_key(order.plan, acme_at_3)[3] == 3
+
+    assert (decision.accepted, decision.reason) == (True, "accepted; 1 items of an older epoch left out")
+    replica.finished(outcome(order), NOW)
+    second = replica.next_run()
+    assert second is not None and [each.tenant for each in second.items] == ["globex"]
+
+
 def test_a_plan_past_its_deadline_is_refused() -> None:
     replica = loaded()
 
@@ -518,7 +537,9 @@ def test_no_sequence_of_facts_breaks_the_contracts(data: st.DataObject) -> None:
         on_deadline=data.draw(st.sampled_from(["ready_partial", "stay_unready"])),
     )
     replica.start()
-    now, newest_epoch = NOW, 0
+    now = NOW
+    newest: dict[str, int] = {}  # the newest epoch accepted per tenant (one model here)
+    floors: dict[uuid.UUID, dict[str, int]] = {}  # `newest` as each accepted plan found it
     offered: list[WarmPlanIssued] = []
     orders: list[RunOrder] = []
     for _ in range(data.draw(st.integers(1, 40))):
@@ -528,12 +549,16 @@ def test_no_sequence_of_facts_breaks_the_contracts(data: st.DataObject) -> None:
             if replica.offer(warm_plan, now).accepted:
                 assert warm_plan not in offered
                 assert warm_plan.deadline > now
-                assert warm_plan.epoch >= newest_epoch
                 assert warm_plan.trigger_event_id in (None, replica.incarnation)
-                newest_epoch = warm_plan.epoch
+                floors[warm_plan.plan_id] = dict(newest)
+                for each in warm_plan.items:
+                    if warm_plan.epoch >= newest.get(each.tenant, 0):
+                        newest[each.tenant] = warm_plan.epoch
             offered.append(warm_plan)
         if (order := replica.next_run()) is not None:  # as the driver does after every fact
             orders.append(order)
+            floor = floors[order.plan.plan_id]
+            assert all(each.epoch_in(order.plan.epoch) >= floor.get(each.tenant, 0) for each in order.items)
 
         assert replica.ready == (replica.phase is Phase.READY)
         assert replica.ready or not replica.partial

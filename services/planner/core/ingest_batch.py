@@ -1,7 +1,8 @@
 """Folding a batch of decoded events into the deltas one database transaction applies. Pure: no I/O.
 
 A batch becomes: counter deltas per (scope, prefix, time bucket), the new ends of chains not yet known
-to be stored, catalog payloads, replica transitions and fleet changes. Counters are summed here so the
+to be stored, catalog payloads, replica transitions, fleet changes and warm results (which move the
+state of the plans they answer). Counters are summed here so the
 database sees one row per key per batch, not one per event.
 """
 
@@ -21,6 +22,8 @@ from warmplane.shared.events import (
     PrefixPayload,
     ReplicaEvent,
     RequestObserved,
+    WarmFinished,
+    WarmProgressed,
 )
 
 Scope = tuple[str, str, str]
@@ -97,7 +100,13 @@ class IngestBatch:
     catalog: dict[NodeKey, CatalogEntry] = field(default_factory=dict)
     replica_events: list[ReplicaEvent] = field(default_factory=list)
     fleet_changes: list[Event] = field(default_factory=list)
+    plan_results: list[WarmProgressed | WarmFinished] = field(default_factory=list)
     ignored: int = 0
+
+    @property
+    def has_records(self) -> bool:
+        """Whether the batch holds more than counters: rows written beside the batch's counts."""
+        return bool(self.replica_events or self.fleet_changes or self.plan_results)
 
     def edges(self) -> dict[NodeKey, ChainEdge]:
         """Every prefix the paths add, with its edge (for readers; the store writes the paths)."""
@@ -122,8 +131,7 @@ def fold_events(
 
     `bucket_seconds` is the width of a statistics bucket; `stored_nodes` holds chain nodes already known
     to be in the database, whose edges need not be written again (a cache; being wrong costs a no-op
-    write, never a wrong count). Events the planner does not ingest (plans, warm results) are counted
-    in `ignored`.
+    write, never a wrong count). Events the planner does not ingest (plans) are counted in `ignored`.
     """
     batch = IngestBatch()
     for event in events:
@@ -136,6 +144,8 @@ def fold_events(
             batch.replica_events.append(event)
         elif isinstance(event, FLEET_TYPES):
             batch.fleet_changes.append(event)
+        elif isinstance(event, WarmProgressed | WarmFinished):
+            batch.plan_results.append(event)
         else:
             batch.ignored += 1
     return batch

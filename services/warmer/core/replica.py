@@ -14,8 +14,9 @@ Contracts:
   then `partial` is true and the reason says what was missing. A failed replica is never ready.
 - An incarnation is one life of the engine: it begins with a `starting` transition whose event id is the
   incarnation id; a crash ends it and forgets everything the replica held.
-- A plan is applied at most once (by plan id), never from an older epoch than one already accepted for
-  its model, never past its deadline, never for an earlier incarnation (by its trigger event id).
+- A plan is applied at most once (by plan id), never past its deadline, never for an earlier incarnation
+  (by its trigger event id); its items of an epoch older than one already accepted for their (tenant,
+  model) are left out, and a plan with nothing else is refused.
 - Items already held (verified in this incarnation, same tenant, model, prompt revision, epoch and
   prefix) are not warmed again.
 """
@@ -29,6 +30,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Literal
+
+import msgspec
 
 from warmplane.shared.events import WarmItem, WarmPlanIssued
 
@@ -108,7 +111,7 @@ def _verified(outcome: Outcome) -> str:
 
 
 def held_key(plan: WarmPlanIssued, item: WarmItem) -> HeldKey:
-    return (item.tenant, plan.model.name, item.prompt_rev, plan.epoch, item.prefix_id)
+    return (item.tenant, plan.model.name, item.prompt_rev, item.epoch_in(plan.epoch), item.prefix_id)
 
 
 @dataclass
@@ -129,7 +132,7 @@ class ReplicaTracker:
     _pending: deque[WarmPlanIssued] = field(default_factory=deque)
     _seen: deque[uuid.UUID] = field(default_factory=deque)
     _seen_set: set[uuid.UUID] = field(default_factory=set)
-    _epoch_floor: dict[str, int] = field(default_factory=dict)
+    _epoch_floor: dict[tuple[str, str], int] = field(default_factory=dict)
     _failures: int = 0
     _loaded_at: datetime | None = None
     _planned: bool = False
@@ -169,13 +172,14 @@ class ReplicaTracker:
         return [self._to(Phase.FAILED, reason, ready=False)]
 
     def offer(self, plan: WarmPlanIssued, now: datetime) -> Decision:
-        """Accept `plan` for this replica, or say why not. Accepting only queues it (`next_run`)."""
+        """Accept `plan` for this replica, or say why not. Accepting only queues it (`next_run`).
+
+        Epochs are per (tenant, model): items of an epoch older than one already accepted for their
+        tenant and model are left out; a plan left with none of its items is refused.
+        """
         if plan.plan_id in self._seen_set:
             return Decision(False, "duplicate: this plan was already received")
         self._remember(plan.plan_id)
-        floor = self._epoch_floor.get(plan.model.name, 0)
-        if plan.epoch < floor:
-            return Decision(False, f"epoch {plan.epoch} is older than epoch {floor} already planned")
         if plan.deadline <= now:
             return Decision(False, f"expired: its deadline {plan.deadline.isoformat()} has passed")
         trigger = plan.trigger_event_id
@@ -183,10 +187,23 @@ class ReplicaTracker:
             return Decision(False, "issued for an earlier start of this replica")
         if self.phase is Phase.FAILED:
             return Decision(False, "the engine is not answering; its next start gets a new plan")
-        self._epoch_floor[plan.model.name] = plan.epoch
-        self._pending.append(plan)
+        model = plan.model.name
+        fresh = [
+            i for i in plan.items if i.epoch_in(plan.epoch) >= self._epoch_floor.get((i.tenant, model), 0)
+        ]
+        if plan.items and not fresh:
+            item = plan.items[0]
+            floor = self._epoch_floor[(item.tenant, model)]
+            return Decision(
+                False, f"epoch {item.epoch_in(plan.epoch)} is older than epoch {floor} already planned"
+            )
+        for item in fresh:
+            key = (item.tenant, model)
+            self._epoch_floor[key] = max(self._epoch_floor.get(key, 0), item.epoch_in(plan.epoch))
+        stale = len(plan.items) - len(fresh)
+        self._pending.append(msgspec.structs.replace(plan, items=fresh) if stale else plan)
         self._planned = True
-        return Decision(True, "accepted")
+        return Decision(True, f"accepted; {stale} items of an older epoch left out" if stale else "accepted")
 
     def next_run(self) -> RunOrder | None:
         """The next accepted plan to run, once the engine answers and nothing else runs for it."""
