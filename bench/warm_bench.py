@@ -1,7 +1,7 @@
 """Warm speed: how close a plan run comes to the engine's own peak prefill, and how fast a plan reaches
 the warmer after a replica announces itself. Run:
 
-    python -m bench.warm_bench [--runs 3] [--items 48] [--item-tokens 1024] [--replicas 100]
+    python -m bench.warm_bench [--runs 3] [--items 48] [--item-tokens 1024] [--starts 100] [--replicas 100]
     python -m bench.warm_bench --endpoint http://gpu-host:8000 --model NAME --block-size 16 ...
 
 Without `--endpoint` it starts the embedded vLLM (CPU build, tiny model, 32-token blocks) and stops it
@@ -13,9 +13,10 @@ over wall time; the best rate is the peak. (2) Plan runs: a `PlanRun` (the warme
 then probe pass) of the same shape, fresh prompts and salt each run, at the warmer's default concurrency.
 Ratio = wall time / (tokens pre-filled / peak rate); 1.0 means the warmer adds nothing to the engine's
 prefill time. The warm pass alone is shown beside it (the probe pass is the price of verification).
-(3) Plan latency, on the embedded broker and Postgres with a real planner and warmer: `--replicas`
-replicas of this engine are announced at once, and for each, the time from its `replica.started` to the
-warmer holding its plan (`ReplicaDriver.plan_latency_s`). Medians across runs, p50/p99 of latencies.
+(3) Plan latency, on the embedded broker and Postgres with a real planner and warmer: replicas of this
+engine are announced `--starts` times one after the other, then `--replicas` at once (a scale-up), and
+for each, the time from its `replica.started` to the warmer holding its plan
+(`ReplicaDriver.plan_latency_s`). Medians across runs, p50/p99 of latencies.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import random
 import statistics
 import tempfile
@@ -40,6 +42,7 @@ from warmplane.services.planner.app import build_planner
 from warmplane.services.planner.settings import IngestSettings, PlannerSettings
 from warmplane.services.warmer.core.replica import RunOrder
 from warmplane.services.warmer.plan_run import PlanRun, SaltBook
+from warmplane.services.warmer.replica_driver import fits_easily
 from warmplane.services.warmer.service import Warmer
 from warmplane.services.warmer.settings import (
     EngineSettings,
@@ -127,6 +130,7 @@ async def plan_run(engine: Engine, batch: Sequence[list[int]], concurrency: int)
             priority=warm.priority,
             attempts=1,
             probe_concurrency=warm.probe_concurrency,
+            verify_each=fits_easily(order, await client.kv_capacity_tokens()),
         )
         began = time.perf_counter()
         report = await run.run()
@@ -161,8 +165,9 @@ async def control_plane(workdir: Path) -> AsyncIterator[KafkaSettings]:
             await asyncio.wait_for(task, 30)
 
 
-async def plan_latencies(engine: Engine, kafka: KafkaSettings, replicas: int) -> list[float]:
-    """Announce `replicas` replicas of `engine` at once; each one's seconds from start to plan held."""
+async def plan_latencies(engine: Engine, kafka: KafkaSettings, *, rounds: int, at_once: int) -> list[float]:
+    """Announce `at_once` replicas of `engine` together, `rounds` times one round after the other; each
+    replica's seconds from its `replica.started` to the warmer holding its plan."""
     settings = WarmerSettings(
         kafka=kafka,
         node=f"bench-{uuid.uuid4().hex[:6]}",
@@ -171,27 +176,38 @@ async def plan_latencies(engine: Engine, kafka: KafkaSettings, replicas: int) ->
         http_host="127.0.0.1",
         http_port=0,
     )
+    latencies: list[float] = []
     async with Warmer(settings) as warmer:
-        drivers = [
-            warmer.add_engine(
-                EngineSettings(
-                    replica=f"{settings.node}-{i}", url=engine.url, served_model=engine.model, block_size=16
+        for round_ in range(rounds):
+            drivers = [
+                warmer.add_engine(
+                    EngineSettings(
+                        replica=f"{settings.node}-{round_}-{i}",
+                        url=engine.url,
+                        served_model=engine.model,
+                        block_size=engine.block_size,
+                    )
                 )
-            )
-            for i in range(replicas)
-        ]
-        deadline = time.monotonic() + 120
-        while any(driver.plan_latency_s is None for driver in drivers):
-            if time.monotonic() > deadline:
-                missing = sum(driver.plan_latency_s is None for driver in drivers)
-                raise RuntimeError(f"{missing} of {replicas} replicas got no plan in 120 s")
-            await asyncio.sleep(0.05)
-        return [driver.plan_latency_s or 0.0 for driver in drivers]
+                for i in range(at_once)
+            ]
+            deadline = time.monotonic() + 120
+            while any(driver.plan_latency_s is None for driver in drivers):
+                if time.monotonic() > deadline:
+                    missing = sum(driver.plan_latency_s is None for driver in drivers)
+                    raise RuntimeError(f"{missing} of {at_once} replicas got no plan in 120 s")
+                await asyncio.sleep(0.01)
+            latencies += [driver.plan_latency_s or 0.0 for driver in drivers]
+    return latencies
 
 
 def percentile(values: Sequence[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def _spread(seconds: Sequence[float]) -> str:
+    ms = [1000 * value for value in seconds]
+    return f"p50 {percentile(ms, 0.5):.0f} ms, p99 {percentile(ms, 0.99):.0f} ms, max {max(ms):.0f} ms"
 
 
 async def bench(engine: Engine, args: argparse.Namespace, workdir: Path) -> None:
@@ -221,18 +237,19 @@ async def bench(engine: Engine, args: argparse.Namespace, workdir: Path) -> None
             f"({warm:.2f} s warm pass), {prefilled:,} tokens pre-filled, ideal {ideal:.2f} s "
             f"-> ratio {wall / ideal:.2f} (warm pass {warm / ideal:.2f})"
         )
-    latencies: list[float] = []
     async with control_plane(workdir) as kafka:
+        singles = await plan_latencies(engine, kafka, rounds=args.starts, at_once=1)
+        bursts: list[float] = []
         for _ in range(args.runs):
-            latencies += await plan_latencies(engine, kafka, args.replicas)
+            bursts += await plan_latencies(engine, kafka, rounds=1, at_once=args.replicas)
     median = statistics.median
     print(
         f"\nmedians of {args.runs} runs: peak prefill {median(peaks):,.0f} tokens/s; "
         f"plan wall {median(walls):.2f} s, warm pass {median(warms):.2f} s; "
         f"ratio to ideal {median(ratios):.2f} (target <= 1.2), warm pass alone {median(warm_ratios):.2f}\n"
-        f"replica.started -> plan at the warmer, {len(latencies)} replicas: "
-        f"p50 {percentile(latencies, 0.5) * 1000:.0f} ms, p99 {percentile(latencies, 0.99) * 1000:.0f} ms, "
-        f"max {max(latencies) * 1000:.0f} ms (target p99 <= 200 ms)"
+        f"replica.started -> plan at the warmer, one start at a time ({len(singles)} starts): "
+        f"{_spread(singles)} (target p99 <= 200 ms)\n"
+        f"  {args.replicas} replicas starting together ({args.runs} bursts): {_spread(bursts)}"
     )
 
 
@@ -248,9 +265,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--items", type=int, default=48, help="prompts per prefill measurement and per plan")
     parser.add_argument("--item-tokens", type=int, default=1024)
-    parser.add_argument("--replicas", type=int, default=100, help="replicas announced per latency run")
+    parser.add_argument("--starts", type=int, default=100, help="replicas announced one after the other")
+    parser.add_argument("--replicas", type=int, default=100, help="replicas announced together, per burst")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="warmplane-warm-bench-") as folder:
         workdir = Path(folder)
         if args.endpoint is not None:

@@ -9,6 +9,7 @@ partition key (`topics`), so related events stay in order.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from aiokafka import AIOKafkaProducer
 
@@ -30,6 +31,17 @@ class KafkaEventPublisher:
 
     async def publish(self, event: Event) -> None:
         """Return once the broker acknowledged `event`; raise (a Kafka or timeout error) if it did not."""
-        value = self._codec.encode(event)
-        sent = await self._producer.send(self._topics.for_event(event), value=value, key=partition_key(event))
-        await asyncio.wait_for(sent, self._timeout_s)
+        await self.publish_all([event])
+
+    async def publish_all(self, events: Sequence[Event]) -> None:
+        """Hand every event to the producer in order, then return once the broker acknowledged all of
+        them (one round trip for many); raise if any was not within the timeout. Events of one partition
+        keep their order; after a failure some may be on the broker already, so a retry may repeat them
+        (consumers de-duplicate by event id)."""
+        pending = [
+            await self._producer.send(
+                self._topics.for_event(e), value=self._codec.encode(e), key=partition_key(e)
+            )
+            for e in events
+        ]
+        await asyncio.wait_for(asyncio.gather(*pending), self._timeout_s)

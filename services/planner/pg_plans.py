@@ -31,7 +31,6 @@ SELECT c.scope_id, c.prefix_id, c.payload::text FROM prefix_catalog c
 JOIN unnest($1::integer[], $2::bigint[]) AS k(scope_id, prefix_id) USING (scope_id, prefix_id)
 """
 SCOPE_NAMES = "SELECT scope_id, tenant, prompt_rev FROM scopes WHERE scope_id = ANY($1::integer[])"
-PLANNED = "SELECT EXISTS (SELECT 1 FROM warm_plans WHERE trigger_event_id = $1 AND replica_id = $2)"
 CURRENT_EPOCHS = "SELECT tenant, epoch FROM epochs WHERE model = $1"
 LIVE_REPLICAS = """
 SELECT replica_id, node FROM replicas
@@ -99,11 +98,6 @@ class PgPlanStore:
         """(replica, node) of every replica of `model` that is starting, loading, warming or ready."""
         rows = await self._pool.fetch(LIVE_REPLICAS, model)
         return [(row[0], row[1]) for row in rows]
-
-    async def planned(self, trigger_event_id: uuid.UUID, replica: str) -> bool:
-        """Whether `replica` already has a plan for the event `trigger_event_id`."""
-        async with self._pool.acquire() as connection:
-            return bool(await connection.fetchval(PLANNED, trigger_event_id, replica))
 
     async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool:
         """Record `plan` as issued for `trigger_event_id`; False (and nothing written) if `plan.replica`

@@ -19,9 +19,10 @@ the same later work (replicas `starting` without a plan) must cover it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -56,7 +57,6 @@ class PlanStore(Protocol):
     async def scope_names(self, scope_ids: Sequence[int]) -> dict[int, tuple[str, str]]: ...
     async def current_epochs(self, model: str) -> dict[str, int]: ...
     async def live_replicas(self, model: str) -> list[tuple[str, str]]: ...
-    async def planned(self, trigger_event_id: uuid.UUID, replica: str) -> bool: ...
     async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool: ...
 
 
@@ -69,7 +69,8 @@ class PlanPublisher(Protocol):
 
 
 class PlanIssuer:
-    """Plans starting replicas. `after_commit` is the ingestor's hook; `issue` plans one replica."""
+    """Plans starting replicas and epoch bumps. `after_commit` is the ingestor's hook; `issue` plans one
+    starting replica, `replan` one bump."""
 
     def __init__(
         self,
@@ -94,72 +95,86 @@ class PlanIssuer:
         """Plan every replica that `batch` (already committed) reports starting, and every live replica of
         a model whose epoch it bumps. Never raises: the batch's counts stand whatever happens to its
         plans, and a failure is logged and counted."""
-        for event in batch.replica_events:
-            if isinstance(event, ReplicaStarted):
-                await self._guarded(self.issue(event), f"replica {event.replica} (event {event.event_id})")
+        wanted: list[Wanted] = [
+            Wanted(Target(e.replica, e.node, e.model, e.event_id, answers_start=True), None, e.epoch or 0)
+            for e in batch.replica_events
+            if isinstance(e, ReplicaStarted)
+        ]
         for change in batch.fleet_changes:
             if isinstance(change, EpochBumped):
-                await self._guarded(self.replan(change), f"epoch {change.epoch} of {change.model.name}")
-
-    async def _guarded(self, planning: Awaitable[object], what: str) -> None:
-        try:
-            await planning
-        except Exception:  # a plan must not stop ingestion; later work re-plans (module doc)
-            self._metrics.plan_failures.inc()
-            log.exception("could not plan %s", what)
+                try:
+                    wanted += await self._bump_targets(change)
+                except Exception:  # a plan must not stop ingestion; later work re-plans (module doc)
+                    self._metrics.plan_failures.inc()
+                    log.exception("could not list the replicas of %s to re-plan", change.model.name)
+        await self._issue_all(wanted)
 
     async def issue(self, started: ReplicaStarted) -> WarmPlanIssued | None:
-        """Choose, record and publish the plan `started` triggers; None if one was already recorded.
-
-        Returns the plan once recorded, even if publishing it failed (logged, counted). Raises what the
-        store raises (asyncpg and OS errors) before anything is recorded.
-        """
+        """Choose, record and publish the plan `started` triggers; None if one was already recorded
+        (or it could not be: logged and counted). A plan recorded but not published is returned."""
         target = Target(started.replica, started.node, started.model, started.event_id, answers_start=True)
-        return await self._issue(target, tenant=None, epoch=started.epoch or 0)
+        plans = await self._issue_all([Wanted(target, None, started.epoch or 0)])
+        return plans[0] if plans else None
 
     async def replan(self, bump: EpochBumped) -> list[WarmPlanIssued]:
         """Plan the new epoch of (`bump.tenant`, model) on every live replica of the model; the plans
         recorded (a replica already planned for this bump gets none)."""
-        issued = []
-        for replica, node in await self._store.live_replicas(bump.model.name):
-            target = Target(replica, node, bump.model, bump.event_id, answers_start=False)
-            plan = await self._issue(target, tenant=bump.tenant, epoch=bump.epoch)
-            if plan is not None:
-                issued.append(plan)
-        return issued
+        return await self._issue_all(await self._bump_targets(bump))
 
-    async def _issue(self, target: Target, *, tenant: str | None, epoch: int) -> WarmPlanIssued | None:
-        if await self._store.planned(target.trigger, target.replica):
-            return None
-        plan = await self._choose(target, tenant, epoch)
-        if not await self._store.record(plan, target.trigger):
-            return None  # a concurrent planner recorded it first
+    async def _bump_targets(self, bump: EpochBumped) -> list[Wanted]:
+        return [
+            Wanted(
+                Target(replica, node, bump.model, bump.event_id, answers_start=False), bump.tenant, bump.epoch
+            )
+            for replica, node in await self._store.live_replicas(bump.model.name)
+        ]
+
+    async def _issue_all(self, wanted: Sequence[Wanted]) -> list[WarmPlanIssued]:
+        """Choose once per (model, tenant, epoch), record each plan, then publish them all at once: many
+        replicas starting together wait for one choice and one round of acknowledgements."""
+        choices: dict[tuple[str, str | None, int], list[WarmItem]] = {}
+        recorded: list[WarmPlanIssued] = []
+        for want in wanted:
+            target = want.target
+            try:
+                key = (target.model.name, want.tenant, want.epoch)
+                if key not in choices:
+                    choices[key] = await self._choose(*key)
+                plan = self._plan(target, want.tenant, want.epoch, choices[key])
+                if await self._store.record(plan, target.trigger):
+                    recorded.append(plan)
+            except Exception:  # a plan must not stop ingestion; later work re-plans (module doc)
+                self._metrics.plan_failures.inc()
+                log.exception("could not plan replica %s (trigger %s)", target.replica, target.trigger)
+        await asyncio.gather(*(self._publish(plan) for plan in recorded))
+        return recorded
+
+    async def _publish(self, plan: WarmPlanIssued) -> None:
+        """Publish a recorded plan; if the broker does not take it, log and count it (its row stays
+        `issued`)."""
         try:
             await self._publisher.publish(plan)
         except Exception:
             self._metrics.plan_failures.inc()
             log.exception("plan %s is recorded but not published; it stays 'issued'", plan.plan_id)
-            return plan
+            return
         self._metrics.plans_issued.inc()
         log.info(
             "issued plan %s for replica %s on %s (epoch %d%s): %d items, %d tokens",
             plan.plan_id,
             plan.replica,
             plan.node,
-            epoch,
-            f", tenant {tenant}" if tenant is not None else "",
+            plan.epoch,
+            f", tenant {plan.tenant}" if plan.tenant else "",
             len(plan.items),
             sum(item.tokens for item in plan.items),
         )
-        return plan
 
-    async def _choose(self, target: Target, tenant: str | None, epoch: int) -> WarmPlanIssued:
-        """The plan for `target`: of `tenant`'s prefixes only if given, each item at its tenant's current
-        epoch (at least `epoch` for `tenant`)."""
+    async def _choose(self, model: str, tenant: str | None, epoch: int) -> list[WarmItem]:
+        """The items of a plan for `model`: of `tenant`'s prefixes only if given, each at its tenant's
+        current epoch (at least `epoch` for `tenant`), cut to fit one event."""
         settings = self._settings
-        now = self._clock()
-        since = now - timedelta(hours=settings.window_hours)
-        model = target.model.name
+        since = self._clock() - timedelta(hours=settings.window_hours)
         offered = await self._store.candidates(model, int(since.timestamp()) // self._bucket_seconds)
         names = await self._store.scope_names(sorted({c.node.key[0] for c in offered}))
         if tenant is not None:
@@ -174,17 +189,16 @@ class PlanIssuer:
             scope, prefix = c.node.key
             if c.node.key in payloads and scope in names:
                 item_tenant, prompt_rev = names[scope]
+                payload = payloads[c.node.key]
                 items.append(
                     WarmItem(
-                        prefix,
-                        c.node.tokens,
-                        payloads[c.node.key],
-                        item_tenant,
-                        prompt_rev,
-                        epochs.get(item_tenant, 0),
+                        prefix, c.node.tokens, payload, item_tenant, prompt_rev, epochs.get(item_tenant, 0)
                     )
                 )
-        items = fit_items(items, self._max_plan_bytes - _ENVELOPE_BYTES)
+        return fit_items(items, self._max_plan_bytes - _ENVELOPE_BYTES)
+
+    def _plan(self, target: Target, tenant: str | None, epoch: int, items: list[WarmItem]) -> WarmPlanIssued:
+        now = self._clock()
         plan_id = new_event_id()  # also the event id: a re-publish of the plan is the same event
         return WarmPlanIssued(
             event_id=plan_id,
@@ -197,8 +211,8 @@ class PlanIssuer:
             replica=target.replica,
             node=target.node,
             items=items,
-            budget_tokens=settings.budget_tokens,
-            deadline=now + timedelta(seconds=settings.deadline_s),
+            budget_tokens=self._settings.budget_tokens,
+            deadline=now + timedelta(seconds=self._settings.deadline_s),
             trigger_event_id=target.trigger if target.answers_start else None,
         )
 
@@ -213,6 +227,15 @@ class Target:
     model: ModelRef
     trigger: uuid.UUID
     answers_start: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """A plan to issue: for `target`, of `tenant`'s prefixes only (None: every tenant), at `epoch`."""
+
+    target: Target
+    tenant: str | None
+    epoch: int
 
 
 def fit_items(items: list[WarmItem], max_bytes: int) -> list[WarmItem]:

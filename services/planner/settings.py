@@ -18,6 +18,9 @@ class IngestSettings(BaseModel):
     group_id: str = Field("warmplane-planner", min_length=1)
     batch_max_records: Positive = 10_000
     batch_timeout_ms: Positive = 100
+    fetch_max_wait_ms: Positive = 50
+    """How long the broker may hold a fetch with nothing to return: bounds how late a lifecycle event is
+    seen (and so a starting replica's plan) when traffic is quiet."""
     max_partition_fetch_bytes: Positive = 4 * 1024 * 1024
     bucket_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
     ledger_retention_hours: Hours = 24.0

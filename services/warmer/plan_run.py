@@ -1,10 +1,12 @@
 """Carrying out one warm plan on one engine: pre-fill every item, then probe that each one stuck.
 
-Two passes. The first sends every item once (`max_tokens=1`, low priority, at most `concurrency` in flight,
-shortest first so a child reuses the blocks its parent just filled). The second repeats each warmed item
-(at most `probe_concurrency` in flight: a probe recomputes one block, and the engine batches many) and
-calls it verified when the engine's `cached_tokens` equals the item's full blocks: probing after the
-whole plan, not after each item, also catches a plan whose end evicted its beginning.
+Every item is sent once (`max_tokens=1`, low priority, at most `concurrency` in flight, shortest first so
+a child reuses the blocks its parent just filled), then repeated as a probe (at most `probe_concurrency`
+in flight: a probe recomputes one block, and the engine batches many) and called verified when the
+engine's `cached_tokens` equals the item's full blocks. With `verify_each`, an item is probed as soon
+as it is warm, while the others still warm: the probes hide behind prefill. Without it, probes wait
+for the whole plan, which also catches a plan whose end evicted its beginning: the warmer verifies
+each only when the plan fits well inside the engine's KV cache.
 
 Every item ends in one state with a reason: `verified`, `unverified` (the probe found fewer cached tokens),
 `failed` (no salt for its tenant, a rejected payload, a timeout or transport error after `attempts` tries)
@@ -85,10 +87,12 @@ class PlanRun:
         priority: int,
         attempts: int,
         probe_concurrency: int | None = None,
+        verify_each: bool = False,
         progress: Callable[[RunReport], None] = lambda report: None,
     ) -> None:
         self.order = order
         self._probe_limit = probe_concurrency or order.concurrency
+        self._verify_each = verify_each
         self._client = client
         self._salts = salts
         self._priority = priority
@@ -97,22 +101,29 @@ class PlanRun:
         items = sorted(order.items, key=lambda item: item.tokens)
         self._results = [ItemResult(item) for item in items]
         self.warm_pass_s: float | None = None
-        """Seconds the warm pass took, once it is over (the probe pass follows)."""
+        """Seconds until every item was warm (and, with `verify_each`, probed), once that is so."""
 
     async def run(self) -> RunReport:
         """Warm, then probe, every item; the final report. Cancellation propagates (see `report`)."""
-        limit = asyncio.Semaphore(self.order.concurrency)
+        warm_limit = asyncio.Semaphore(self.order.concurrency)
+        probe_limit = asyncio.Semaphore(self._probe_limit)
         began = time.perf_counter()
         async with asyncio.TaskGroup() as warms:
             for result in self._results:
-                warms.create_task(self._bounded(limit, self._warm, result))
+                warms.create_task(self._warm_then_probe(warm_limit, probe_limit, result))
         self.warm_pass_s = time.perf_counter() - began
-        limit = asyncio.Semaphore(self._probe_limit)
         async with asyncio.TaskGroup() as probes:
             for result in self._results:
                 if result.state == "warmed":
-                    probes.create_task(self._bounded(limit, self._probe, result))
+                    probes.create_task(self._bounded(probe_limit, self._probe, result))
         return self.report()
+
+    async def _warm_then_probe(
+        self, warm_limit: asyncio.Semaphore, probe_limit: asyncio.Semaphore, result: ItemResult
+    ) -> None:
+        await self._bounded(warm_limit, self._warm, result)
+        if self._verify_each and result.state == "warmed":
+            await self._bounded(probe_limit, self._probe, result)
 
     def report(self) -> RunReport:
         """What the run has achieved so far (items still pending count as not done)."""

@@ -85,6 +85,8 @@ class ReplicaDriver:
         self.last_report: RunReport | None = None
         self.plan_latency_s: float | None = None
         """Seconds from announcing the current incarnation to holding its plan."""
+        self.kv_capacity_tokens: int | None = None
+        """What the engine's prefix cache holds, read from its metrics once it answers; None if unknown."""
 
     @property
     def replica(self) -> str:
@@ -132,6 +134,8 @@ class ReplicaDriver:
         if time.monotonic() - self._last_health >= self._warm.health_interval_s:
             self._last_health = time.monotonic()
             ok = await self.client.health()
+            if ok and tracker.phase in (Phase.STARTING, Phase.FAILED):  # loaded: how much can it hold?
+                self.kv_capacity_tokens = await self.client.kv_capacity_tokens()
             self._report(tracker.health(ok, self._clock()))
         if self._run_task is not None and not self._run_task.done():
             if tracker.phase is Phase.FAILED:
@@ -164,6 +168,7 @@ class ReplicaDriver:
             priority=self._warm.priority,
             attempts=self._warm.attempts,
             probe_concurrency=order.concurrency if self.tracker.ready else self._warm.probe_concurrency,
+            verify_each=fits_easily(order, self.kv_capacity_tokens),
         )
         self._run_began = time.monotonic()
         self._last_progress = self._run_began
@@ -277,9 +282,18 @@ class ReplicaDriver:
                     replica=self.replica,
                     node=self.node,
                     endpoint=self.engine.url,
+                    kv_capacity_tokens=self.kv_capacity_tokens,
                     reason=transition.reason[:2048],
                 )
             )
+
+
+def fits_easily(order: RunOrder, kv_capacity_tokens: int | None) -> bool:
+    """Whether `order` fills at most half of a KV cache of `kv_capacity_tokens` (unknown: no), so that no
+    item of it can evict another and each may be verified as soon as it is warm."""
+    if kv_capacity_tokens is None:
+        return False
+    return 2 * sum(item.tokens for item in order.items) <= kv_capacity_tokens
 
 
 def refusal(plan: WarmPlanIssued, reason: str, *, producer: str, at: datetime) -> WarmFinished:

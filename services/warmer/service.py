@@ -41,6 +41,8 @@ from warmplane.shared.topics import Topics
 
 log = logging.getLogger(__name__)
 _BACKOFF_MAX_S = 5.0
+_PLAN_FETCH_WAIT_MS = 20
+_OUTBOX_CHUNK = 500
 
 
 class Warmer:
@@ -111,6 +113,8 @@ class Warmer:
                 session_timeout_ms=kafka.session_timeout_ms,
                 heartbeat_interval_ms=kafka.heartbeat_interval_ms,
                 request_timeout_ms=max(kafka.request_timeout_ms, kafka.session_timeout_ms + 1),
+                # Plans are few and late ones cost a replica's warm-up: poll often rather than wait long.
+                fetch_max_wait_ms=_PLAN_FETCH_WAIT_MS,
             )
             await consumer.start()
             self._stack.push_async_callback(consumer.stop)
@@ -236,20 +240,24 @@ class Warmer:
             driver.refuse(plan, decision.reason)
 
     async def _drain_outbox(self, publisher: KafkaEventPublisher) -> None:
-        """Publish queued events in order; an event the broker does not acknowledge is retried, never lost
-        while the warmer runs."""
+        """Publish queued events in order, all that are waiting in one round of acknowledgements; events
+        the broker does not acknowledge are retried (from the first of them), never lost while the warmer
+        runs."""
         while True:
-            event = await self._outbox.get()
+            events = [await self._outbox.get()]
+            while not self._outbox.empty() and len(events) < _OUTBOX_CHUNK:
+                events.append(self._outbox.get_nowait())
             backoff = 0.1
             while True:
                 try:
-                    await publisher.publish(event)
+                    await publisher.publish_all(events)
                     break
                 except Exception as error:
                     self.metrics.publish_retries.inc()
                     log.warning(
-                        "could not publish %s (%r); retrying in %.1f s", event.event_id, error, backoff
+                        "could not publish %d events (%r); retrying in %.1f s", len(events), error, backoff
                     )
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, _BACKOFF_MAX_S)
-            self._outbox.task_done()
+            for _ in events:
+                self._outbox.task_done()

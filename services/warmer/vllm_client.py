@@ -21,6 +21,7 @@ decides); every failure, HTTP status or transport error, raises :class:`WarmFail
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from types import TracebackType
@@ -35,6 +36,7 @@ WARM_PRIORITY: Final = 10
 _MAX_REASON_CHARS: Final = 300
 #: The chat rendering ends on the complete last turn: a strict token prefix of the next real turn's prompt.
 #: (``continue_final_message`` would drop the end-of-turn tokens and lose a block 2 times in 32.)
+_LABEL: Final = re.compile(r'(\w+)="([^"]*)"')
 _RENDER_AS_COMPLETE_TURN: Final = {"add_generation_prompt": False, "continue_final_message": False}
 
 
@@ -103,6 +105,24 @@ class VllmEngineClient:
     def expected_cached_tokens(self, prompt_tokens: int) -> int:
         """Cached tokens a repeat of a ``prompt_tokens``-long prompt finds: whole blocks before its last."""
         return self.block_size * (max(prompt_tokens - 1, 0) // self.block_size)
+
+    async def kv_capacity_tokens(self) -> int | None:
+        """Tokens the engine's prefix cache can hold: usable KV blocks (``num_gpu_blocks`` of
+        ``vllm:cache_config_info`` in ``/metrics``, less the one vLLM keeps back) times the block size;
+        None when the engine does not say (an unreachable engine, or metrics without that gauge)."""
+        try:
+            response = await self._http.get("/metrics", timeout=self._health_timeout)
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        for line in response.text.splitlines():
+            if line.startswith("vllm:cache_config_info{"):
+                labels = dict(_LABEL.findall(line))
+                blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+                if blocks.isdigit() and size.isdigit() and int(blocks) > 1:
+                    return (int(blocks) - 1) * int(size)
+        return None
 
     async def health(self) -> bool:
         """True iff ``GET /health`` answers 200 within the health timeout; False on any transport error."""

@@ -59,9 +59,6 @@ class MemoryPlans:
     async def live_replicas(self, model: str) -> list[tuple[str, str]]:
         return self.live
 
-    async def planned(self, trigger_event_id: uuid.UUID, replica: str) -> bool:
-        return (trigger_event_id, replica) in self.rows
-
     async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool:
         return self.rows.setdefault((trigger_event_id, plan.replica), plan) is plan
 
