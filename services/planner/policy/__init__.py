@@ -1,0 +1,24 @@
+"""The planner's warm-set policy: decayed prefix statistics and warm-set selection. Pure: no I/O, no clock.
+
+`PrefixTrie` counts requests through each prefix of their chains with exponential decay; `select_warm_set`
+chooses, for one replica, the prefixes worth pre-filling by marginal gain under a `WarmBudget`, restricted
+to the replica's `RoutingShare` of the gateway's hash ring. Every call is handed `now` (seconds, any epoch,
+as long as one trie sees one clock). An import contract in CI keeps this package free of I/O.
+"""
+
+from warmplane.services.planner.policy.budget import BudgetTier, WarmBudget, kv_prefix_seconds
+from warmplane.services.planner.policy.prefix_trie import PrefixTrie, TrieNode
+from warmplane.services.planner.policy.routing_share import RoutingShare
+from warmplane.services.planner.policy.warm_set import WarmItem, reuse_probability, select_warm_set
+
+__all__ = [
+    "BudgetTier",
+    "PrefixTrie",
+    "RoutingShare",
+    "TrieNode",
+    "WarmBudget",
+    "WarmItem",
+    "kv_prefix_seconds",
+    "reuse_probability",
+    "select_warm_set",
+]

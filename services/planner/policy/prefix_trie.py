@@ -1,0 +1,122 @@
+"""A prefix trie over chains with time-decayed use counts. Pure: no I/O, no clock (callers pass `now`).
+
+A chain is a list of prefix ids, each standing for its block and every block before it, with the cumulative
+tokens up to each block. Every request observed through a prefix adds one to its count, and counts decay
+exponentially with a half-life: a count of c stamped at time t is worth c * 2 ** (-(now - t) / half_life)
+at `now`. So one number holds both frequency (a long half-life) and recency (a short one), and a count
+times ln 2 / half-life estimates the prefix's rate in requests per second.
+
+Invariants: a prefix's decayed count is at least any of its children's (every observation through a child
+went through it too); a decayed count never grows between observations.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class TrieNode:
+    """One prefix: its parent (None at a root), depth (0 at a root), cumulative `tokens` up to and
+    including its block, `own_tokens` of its block alone, and its use count as of `stamp` (seconds),
+    before decay."""
+
+    prefix_id: int
+    parent: int | None
+    depth: int
+    tokens: int
+    own_tokens: int
+    count: float
+    stamp: float
+
+
+class PrefixTrie:
+    """Decayed request counts per prefix. Raises `ValueError` for a half-life that is not positive."""
+
+    def __init__(self, half_life_s: float) -> None:
+        if not half_life_s > 0:
+            raise ValueError(f"half_life_s must be positive, got {half_life_s}")
+        self.half_life_s = half_life_s
+        self._nodes: dict[int, TrieNode] = {}
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __contains__(self, prefix_id: object) -> bool:
+        return prefix_id in self._nodes
+
+    def nodes(self) -> Iterator[TrieNode]:
+        """Every known prefix, parents before their children (insertion order)."""
+        return iter(self._nodes.values())
+
+    def node(self, prefix_id: int) -> TrieNode | None:
+        """The prefix `prefix_id`, or None if it was never observed (or was pruned)."""
+        return self._nodes.get(prefix_id)
+
+    def decay_factor(self, elapsed_s: float) -> float:
+        """What one use is worth `elapsed_s` seconds later: 2 ** (-elapsed_s / half-life)."""
+        return math.exp(-elapsed_s * math.log(2) / self.half_life_s)
+
+    def count(self, prefix_id: int, now: float) -> float:
+        """The decayed count of `prefix_id` at `now`: the sum over its observations at times t of
+        2 ** (-(now - t) / half-life), so 0 for an unknown prefix, never more than at any earlier `now`
+        without observations in between, and never less than any child's."""
+        node = self._nodes.get(prefix_id)
+        return 0.0 if node is None else node.count * self.decay_factor(now - node.stamp)
+
+    def rate(self, prefix_id: int, now: float) -> float:
+        """Estimated requests per second through `prefix_id` at `now`: the decayed count over the decay's
+        integral (half-life / ln 2)."""
+        return self.count(prefix_id, now) * math.log(2) / self.half_life_s
+
+    def observe(self, chain: Sequence[int], tokens: Sequence[int], now: float) -> None:
+        """Count one request through every prefix of `chain` at `now` (seconds). `tokens[i]` is the
+        cumulative token count up to `chain[i]`. An observation older than a prefix's stamp (late
+        delivery) counts as already decayed to that stamp. A known prefix keeps its first parent and the
+        largest token count seen.
+
+        Raises `ValueError` when the lengths differ or `tokens` is not positive and non-decreasing; the
+        trie is unchanged then.
+        """
+        if len(chain) != len(tokens):
+            raise ValueError(f"chain has {len(chain)} ids but tokens has {len(tokens)} counts")
+        if any(t <= 0 for t in tokens[:1]) or any(b < a for a, b in itertools.pairwise(tokens)):
+            raise ValueError(f"tokens must be positive and non-decreasing, got {list(tokens)}")
+        parent: int | None = None
+        parent_tokens = 0
+        for depth, (prefix_id, cumulative) in enumerate(zip(chain, tokens, strict=True)):
+            node = self._nodes.get(prefix_id)
+            if node is None:
+                node = TrieNode(prefix_id, parent, depth, cumulative, cumulative - parent_tokens, 0.0, now)
+                self._nodes[prefix_id] = node
+            elif cumulative > node.tokens:
+                node.own_tokens += cumulative - node.tokens
+                node.tokens = cumulative
+            if now >= node.stamp:
+                node.count = node.count * self.decay_factor(now - node.stamp) + 1.0
+                node.stamp = now
+            else:
+                node.count += self.decay_factor(node.stamp - now)
+            parent, parent_tokens = prefix_id, node.tokens
+
+    def path(self, prefix_id: int) -> list[int]:
+        """The chain of `prefix_id`, root first, as far up as the trie knows it; [] for an unknown id."""
+        path: list[int] = []
+        node = self._nodes.get(prefix_id)
+        bound = 0 if node is None else node.depth
+        while node is not None and len(path) <= bound:  # the bound guards against a cycle in bad data
+            path.append(node.prefix_id)
+            node = self._nodes.get(node.parent) if node.parent is not None else None
+        path.reverse()
+        return path
+
+    def prune(self, now: float, min_count: float) -> int:
+        """Forget every prefix whose decayed count at `now` is below `min_count`; returns how many. A
+        child never outcounts its parent, so what remains is still closed under parents."""
+        stale = [prefix_id for prefix_id in self._nodes if self.count(prefix_id, now) < min_count]
+        for prefix_id in stale:
+            del self._nodes[prefix_id]
+        return len(stale)
