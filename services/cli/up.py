@@ -126,7 +126,8 @@ async def run_up(options: UpOptions, out: TextIO) -> None:
 def _report(warm: WarmSummary, shares: list[float], compared: int, out: TextIO) -> None:
     partial = f" (partial: {warm.reason})" if warm.partial else ""
     out.write(
-        f"\nreplica-1 warmed and ready in {warm.seconds_to_ready:.1f} s: "
+        f"\nreplica-1 ready {warm.seconds_to_ready:.1f} s after it was scheduled "
+        f"({warm.seconds_warming:.1f} s after its engine answered): "
         f"{warm.prefixes_warmed} prefixes planned, {warm.verified} verified held by a probe, "
         f"{warm.tokens_prefilled:,} tokens pre-filled, {warm.failures} failures{partial}\n"
         f"the trace's last {compared} requests ({PROBE_DEPTH * BLOCK_SIZE:,}-token prompts), "

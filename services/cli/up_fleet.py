@@ -50,6 +50,9 @@ class WarmSummary:
     verified: int
     tokens_prefilled: int
     seconds_to_ready: float
+    """From scheduling (the engine starting) to ready."""
+    seconds_warming: float
+    """From the engine answering to ready: planning, warming and verifying."""
     partial: bool
     reason: str
     failures: int
@@ -134,9 +137,12 @@ async def wait_ready(
     tty = out.isatty()
     began = time.monotonic()
     shown, shown_at, phase = "", 0.0, ""
+    loaded_at: float | None = None
     while True:
         check()
         tracker = driver.tracker
+        if loaded_at is None and tracker.phase not in (Phase.STARTING, Phase.FAILED):
+            loaded_at = time.monotonic()
         if tracker.phase is Phase.FAILED or time.monotonic() - began > timeout_s:
             raise RuntimeError(f"{driver.replica} did not turn ready: {tracker.reason}")
         line = f"  {driver.replica}: {tracker.phase} ({time.monotonic() - began:.0f} s)"
@@ -162,6 +168,7 @@ async def wait_ready(
         verified=0 if report is None else len(report.verified) + report.already_held,
         tokens_prefilled=0 if report is None else report.tokens_prefilled,
         seconds_to_ready=time.monotonic() - began,
+        seconds_warming=time.monotonic() - (loaded_at or began),
         partial=driver.tracker.partial,
         reason=driver.tracker.reason,
         failures=0 if report is None else len(report.failures),
