@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from warmplane.services.planner.settings import PlannerSettings
+from warmplane.services.warmer.settings import WarmerSettings
 from warmplane.shared.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +23,7 @@ def _compose() -> dict[str, Any]:
 
 def test_every_long_running_service_has_a_health_check() -> None:
     services = _compose()["services"]
-    assert {"kafka", "postgres", "redis", "migrate", "planner"} <= set(services)
+    assert {"kafka", "postgres", "redis", "migrate", "planner", "vllm", "warmer"} <= set(services)
     for name, service in services.items():
         if name != "migrate":  # a one-shot job: its exit status is its health
             assert "healthcheck" in service, f"{name} has no health check"
@@ -43,8 +44,85 @@ def test_the_compose_environment_is_valid_planner_settings(monkeypatch: pytest.M
     assert "secret" not in repr(settings)
 
 
+def test_the_compose_warmer_is_valid_warmer_settings_for_its_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    services = _compose()["services"]
+    filled = {
+        "${WARMPLANE_POSTGRES_PASSWORD}": "secret",
+        "${WARMPLANE_SERVED_MODEL:-qwen-2.5-7b}": "qwen-2.5-7b",
+    }
+    for key, raw in services["warmer"]["environment"].items():
+        value = str(raw)
+        for variable, given in filled.items():
+            value = value.replace(variable, given)
+        monkeypatch.setenv(key, '{"acme": "tenant-secret"}' if key == "WARMPLANE_TENANT_SECRETS" else value)
+    settings = load_settings(WarmerSettings)
+    [engine] = settings.engines
+    assert engine.url == "http://vllm:8000" and engine.block_size == 16
+    assert "--block-size=16" in services["vllm"]["command"]
+    assert f"--served-model-name={'${WARMPLANE_SERVED_MODEL:-qwen-2.5-7b}'}" in services["vllm"]["command"]
+    assert "tenant-secret" not in repr(settings)
+    assert "/ready" in " ".join(services["warmer"]["healthcheck"]["test"])
+
+
 def test_the_image_installs_what_the_package_links() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     for linked in (ROOT / "src" / "warmplane").iterdir():
         if linked.is_symlink():
             assert f"COPY {linked.name} " in dockerfile, f"the image misses {linked.name}/"
+
+
+def _manifests() -> dict[tuple[str, str], dict[str, Any]]:
+    """Every Kubernetes object under infra/k8s by (kind, name)."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in sorted((ROOT / "infra" / "k8s").glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            assert {"apiVersion", "kind", "metadata"} <= set(document), f"{path.name}: not an object"
+            found[(document["kind"], document["metadata"]["name"])] = document
+    return found
+
+
+def _container(workload: dict[str, Any], name: str) -> dict[str, Any]:
+    containers: list[dict[str, Any]] = workload["spec"]["template"]["spec"]["containers"]
+    [container] = [c for c in containers if c["name"] == name]
+    return container
+
+
+def test_the_vllm_pod_is_ready_only_when_its_warmer_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    objects = _manifests()
+    pod = objects[("StatefulSet", "vllm")]
+    warmer = _container(pod, "warmer")
+    probe = warmer["readinessProbe"]["httpGet"]
+    assert probe["path"] == "/ready" and probe["port"] == "warmer"
+    assert {"name": "warmer", "containerPort": WarmerSettings.model_fields["http_port"].default} in warmer[
+        "ports"
+    ]
+    assert "readinessProbe" not in _container(pod, "vllm")  # the engine's own /health is not warmth
+    config = objects[("ConfigMap", "warmplane")]["data"]
+    secrets = objects[("Secret", "warmplane-tenant-secrets")]["stringData"]
+    for key, value in {**config, **secrets}.items():
+        monkeypatch.setenv(key, value)
+    for variable in warmer["env"]:
+        value = variable.get("value", "gpu-node-3" if variable["name"] == "WARMPLANE_NODE" else "vllm-1")
+        monkeypatch.setenv(variable["name"], value.replace("$(POD_NAME)", "vllm-1"))
+    settings = load_settings(WarmerSettings)
+    [engine] = settings.engines
+    assert (settings.node, engine.replica, engine.block_size) == ("gpu-node-3", "vllm-1", 16)
+    assert f"--block-size={engine.block_size}" in _container(pod, "vllm")["args"]
+    assert f"--served-model-name={engine.served_model}" in _container(pod, "vllm")["args"]
+
+
+def test_the_planner_starts_from_its_config_and_the_migrations_run_as_a_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    objects = _manifests()
+    assert _container(objects[("Job", "warmplane-migrate")], "migrate")["args"] == ["migrate"]
+    planner = _container(objects[("Deployment", "warmplane-planner")], "planner")
+    assert planner["args"] == ["planner"]
+    for key, value in {
+        **objects[("ConfigMap", "warmplane")]["data"],
+        **objects[("Secret", "warmplane-postgres")]["stringData"],
+    }.items():
+        monkeypatch.setenv(key, value)
+    settings = load_settings(PlannerSettings)
+    assert settings.kafka.replication_factor == 3
+    assert {"name": "metrics", "containerPort": settings.metrics_port} in planner["ports"]
