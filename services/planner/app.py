@@ -160,6 +160,10 @@ async def _resources(
         ingestor.start()
         sweeper = asyncio.create_task(_sweep_forever(store, settings), name="planner-retention")
         stack.push_async_callback(_cancel, sweeper)
+        catcher = asyncio.create_task(
+            _catch_up_forever(issuer, settings.plans.catch_up_interval_s), name="planner-catch-up"
+        )
+        stack.push_async_callback(_cancel, catcher)
         yield ingestor
 
 
@@ -225,6 +229,15 @@ async def _sweep_forever(store: PgIngestStore, settings: PlannerSettings) -> Non
             log.info("retention sweep removed %d ledger rows and %d catalog payloads", ledger, catalog)
         except (OSError, asyncpg.PostgresError):
             log.warning("retention sweep failed; retrying next interval", exc_info=True)
+
+
+async def _catch_up_forever(issuer: PlanIssuer, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await issuer.catch_up()
+        except (OSError, asyncpg.PostgresError):
+            log.warning("plan catch-up failed; retrying next interval", exc_info=True)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

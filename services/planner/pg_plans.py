@@ -6,16 +6,19 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 
 import asyncpg
 import msgspec
 
 from warmplane.services.planner.core.simple_plan import Candidate, NodeKey, PrefixNode, requests_through
-from warmplane.shared.events import PrefixPayload, WarmPlanIssued
+from warmplane.services.planner.plans import Unplanned
+from warmplane.shared.events import ModelRef, PrefixPayload, WarmPlanIssued
 
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
 _payload = msgspec.json.Decoder(PrefixPayload)
+_plan = msgspec.json.Decoder(WarmPlanIssued)
 
 SCOPES_OF_MODEL = "SELECT scope_id FROM scopes WHERE model = $1"
 NODES = """
@@ -38,10 +41,30 @@ WHERE model = $1 AND state IN ('starting', 'loading', 'warming', 'ready') ORDER 
 """
 RECORD_PLAN = """
 INSERT INTO warm_plans (plan_id, replica_id, node, model, epoch, state, items, budget_tokens, deadline,
-                        issued_at, trigger_event_id)
-VALUES ($1, $2, $3, $4, $5, 'issued', $6::jsonb, $7, $8, $9, $10)
+                        issued_at, trigger_event_id, event)
+VALUES ($1, $2, $3, $4, $5, 'issued', $6::jsonb, $7, $8, $9, $10, $11::jsonb)
 ON CONFLICT (trigger_event_id, replica_id) DO NOTHING
 RETURNING plan_id
+"""
+MARK_PUBLISHED = "UPDATE warm_plans SET published_at = $2 WHERE plan_id = $1 AND published_at IS NULL"
+UNPUBLISHED = """
+SELECT event::text FROM warm_plans
+WHERE published_at IS NULL AND event IS NOT NULL AND issued_at < $1 AND deadline > $2
+ORDER BY issued_at
+"""
+UNPLANNED_STARTS = """
+SELECT r.replica_id, r.node, r.model, r.model_revision, s.event_id
+FROM replicas r
+JOIN LATERAL (
+    SELECT event_id, occurred_at FROM replica_transitions t
+    WHERE t.replica_id = r.replica_id AND t.state = 'starting'
+    ORDER BY occurred_at DESC LIMIT 1
+) s ON true
+WHERE r.state IN ('starting', 'loading') AND s.occurred_at >= $1 AND s.occurred_at < $2
+  AND NOT EXISTS (
+      SELECT 1 FROM warm_plans p WHERE p.trigger_event_id = s.event_id AND p.replica_id = r.replica_id
+  )
+ORDER BY s.occurred_at
 """
 
 
@@ -115,5 +138,28 @@ class PgPlanStore:
                 plan.deadline,
                 plan.occurred_at,
                 trigger_event_id,
+                _json.encode(plan).decode(),
             )
         return inserted is not None
+
+    async def mark_published(self, plan_id: uuid.UUID, at: datetime) -> None:
+        """The broker acknowledged plan `plan_id` at `at`."""
+        await self._pool.execute(MARK_PUBLISHED, plan_id, at)
+
+    async def unpublished(self, *, issued_before: datetime, alive_at: datetime) -> list[WarmPlanIssued]:
+        """Plans recorded before `issued_before` that the broker never acknowledged and whose deadline is
+        after `alive_at`, as they were to be published."""
+        rows = await self._pool.fetch(UNPUBLISHED, issued_before, alive_at)
+        plans = []
+        for (text,) in rows:
+            try:
+                plans.append(_plan.decode(text))
+            except msgspec.DecodeError:
+                log.warning("a recorded plan does not decode; it will not be published again")
+        return plans
+
+    async def unplanned_starts(self, *, since: datetime, before: datetime) -> list[Unplanned]:
+        """Replicas still starting or loading whose latest start, between `since` and `before`, has no
+        plan (its batch committed, then the planner stopped before planning it)."""
+        rows = await self._pool.fetch(UNPLANNED_STARTS, since, before)
+        return [Unplanned(r[0], r[1], ModelRef(r[2], r[3]), r[4]) for r in rows]

@@ -10,11 +10,11 @@ Each plan is recorded in Postgres (unique on (trigger, replica), so a redelivere
 nothing), and only when the row was inserted published as `WarmPlanIssued` to the plans topic, keyed by
 node.
 
-Delivery: a plan is recorded before it is published. If publishing fails the row stays `issued` and the
-failure is logged; re-publishing issued plans is left to later at-least-once work (the row holds all a
-re-publish needs, and the plan's event id is its plan id, so consumers see a re-publish as a duplicate).
-A planner that crashes between a batch's commit and its plans issues none for that batch's replicas:
-the same later work (replicas `starting` without a plan) must cover it.
+Delivery is at least once: a plan is recorded (with the event it is published as) before it is
+published, and marked once the broker acknowledged it. `catch_up`, run periodically, publishes again
+what was never acknowledged (the plan's event id is its plan id, so a warmer sees a second copy as a
+duplicate) and plans the replicas whose start committed but was never planned (a planner stopped between
+a batch's commit and its plans).
 """
 
 from __future__ import annotations
@@ -58,6 +58,9 @@ class PlanStore(Protocol):
     async def current_epochs(self, model: str) -> dict[str, int]: ...
     async def live_replicas(self, model: str) -> list[tuple[str, str]]: ...
     async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool: ...
+    async def mark_published(self, plan_id: uuid.UUID, at: datetime) -> None: ...
+    async def unpublished(self, *, issued_before: datetime, alive_at: datetime) -> list[WarmPlanIssued]: ...
+    async def unplanned_starts(self, *, since: datetime, before: datetime) -> list[Unplanned]: ...
 
 
 class PlanPublisher(Protocol):
@@ -149,15 +152,41 @@ class PlanIssuer:
         await asyncio.gather(*(self._publish(plan) for plan in recorded))
         return recorded
 
+    async def catch_up(self) -> tuple[int, int]:
+        """Publish again the plans the broker never took, and plan the starts whose batch committed but
+        whose plan was never recorded (a planner stopped in between); (plans re-published, starts
+        planned). Only what is older than `catch_up_grace_s` is looked at, so the work of a batch still
+        being planned is left to it. Raises what the store raises."""
+        settings = self._settings
+        now = self._clock()
+        grace = now - timedelta(seconds=settings.catch_up_grace_s)
+        stale = await self._store.unpublished(issued_before=grace, alive_at=now)
+        for plan in stale:
+            log.warning("publishing plan %s again: the broker never acknowledged it", plan.plan_id)
+        await asyncio.gather(*(self._publish(plan) for plan in stale))
+        since = now - timedelta(seconds=settings.catch_up_window_s)
+        starts = await self._store.unplanned_starts(since=since, before=grace)
+        for start in starts:
+            log.warning("planning replica %s: its start %s was never planned", start.replica, start.trigger)
+        wanted = [
+            Wanted(Target(s.replica, s.node, s.model, s.trigger, answers_start=True), None, 0) for s in starts
+        ]
+        await self._issue_all(wanted)
+        return len(stale), len(starts)
+
     async def _publish(self, plan: WarmPlanIssued) -> None:
-        """Publish a recorded plan; if the broker does not take it, log and count it (its row stays
-        `issued`)."""
+        """Publish a recorded plan and note that the broker took it; if it did not, log and count it (its
+        row stays unpublished, and `catch_up` publishes it again)."""
         try:
             await self._publisher.publish(plan)
         except Exception:
             self._metrics.plan_failures.inc()
-            log.exception("plan %s is recorded but not published; it stays 'issued'", plan.plan_id)
+            log.exception("plan %s is recorded but not published; it will be published again", plan.plan_id)
             return
+        try:
+            await self._store.mark_published(plan.plan_id, self._clock())
+        except Exception:  # it was published: at worst a later catch-up publishes it once more
+            log.warning("plan %s was published but could not be marked so", plan.plan_id, exc_info=True)
         self._metrics.plans_issued.inc()
         log.info(
             "issued plan %s for replica %s on %s (epoch %d%s): %d items, %d tokens",
@@ -227,6 +256,16 @@ class Target:
     model: ModelRef
     trigger: uuid.UUID
     answers_start: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Unplanned:
+    """A replica still starting or loading whose latest `replica.started` (`trigger`) has no plan."""
+
+    replica: str
+    node: str
+    model: ModelRef
+    trigger: uuid.UUID
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,12 @@ class PlanSettings(BaseModel):
     """How long after issuing the warmer has to carry the plan out."""
     window_hours: Hours = 24.0
     """How far back request counts make a prefix popular."""
+    catch_up_interval_s: Annotated[float, Field(gt=0)] = 10.0
+    """How often unpublished plans are published again and unplanned starts planned."""
+    catch_up_grace_s: Annotated[float, Field(gt=0)] = 5.0
+    """Only plans and starts older than this are caught up: younger ones are still being handled."""
+    catch_up_window_s: Annotated[float, Field(gt=0)] = 900.0
+    """Starts older than this are not planned any more (their warmer has turned ready cold by then)."""
 
 
 class PlannerSettings(WarmplaneSettings):

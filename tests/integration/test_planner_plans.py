@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import msgspec
@@ -210,3 +210,54 @@ async def _issued(metrics: PlannerMetrics, count: int) -> bool:
 
 async def _equals(db: asyncpg.Connection, query: str, value: object) -> bool:
     return bool(await db.fetchval(query) == value)
+
+
+async def test_the_store_finds_unpublished_plans_and_unplanned_starts(migrated_database: str) -> None:
+    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
+    try:
+        store = PgPlanStore(pool)
+        now = datetime.now(UTC)
+        start = started("r-late", "node-3")
+        await pool.execute(
+            "INSERT INTO replica_transitions (event_id, replica_id, state, occurred_at) "
+            "VALUES ($1, $2, $3, $4)",
+            start.event_id, "r-late", "starting", start.occurred_at,
+        )  # fmt: skip
+        await pool.execute(
+            """INSERT INTO replicas (replica_id, node, model, model_revision, endpoint, state, state_since,
+                                     last_event_id) VALUES ($1, $2, $3, $4, '', 'loading', $5, $6)""",
+            "r-late", "node-3", MODEL.name, MODEL.revision, start.occurred_at, new_event_id(),
+        )  # fmt: skip
+        window = {"since": now - timedelta(minutes=5), "before": now + timedelta(seconds=1)}
+        [unplanned] = await store.unplanned_starts(**window)
+        assert (unplanned.replica, unplanned.node, unplanned.model, unplanned.trigger) == (
+            "r-late",
+            "node-3",
+            MODEL,
+            start.event_id,
+        )
+        assert await store.unplanned_starts(since=now - timedelta(minutes=5), before=start.occurred_at) == []
+
+        plan = WarmPlanIssued(
+            event_id=(plan_id := new_event_id()),
+            occurred_at=now,
+            producer="planner",
+            model=MODEL,
+            plan_id=plan_id,
+            replica="r-late",
+            node="node-3",
+            epoch=0,
+            items=[WarmItem(1, 100, payload(1), "acme", epoch=0)],
+            budget_tokens=100,
+            deadline=now + timedelta(minutes=2),
+            trigger_event_id=start.event_id,
+        )
+        assert await store.record(plan, start.event_id)
+        assert await store.unplanned_starts(**window) == []  # planned now
+        later = now + timedelta(seconds=1)
+        assert await store.unpublished(issued_before=later, alive_at=now) == [plan]  # byte for byte
+        assert await store.unpublished(issued_before=later, alive_at=plan.deadline) == []  # expired
+        await store.mark_published(plan.plan_id, later)
+        assert await store.unpublished(issued_before=later, alive_at=now) == []
+    finally:
+        await pool.close()

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from warmplane.services.planner.core.ingest_batch import IngestBatch
 from warmplane.services.planner.core.simple_plan import Candidate, NodeKey, PrefixNode
 from warmplane.services.planner.metrics import PlannerMetrics
-from warmplane.services.planner.plans import PlanIssuer
+from warmplane.services.planner.plans import PlanIssuer, Unplanned
 from warmplane.services.planner.settings import PlanSettings
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
@@ -40,6 +40,8 @@ class MemoryPlans:
         self.fail = False
         self.epochs: dict[str, int] = {}
         self.live: list[tuple[str, str]] = []
+        self.published: dict[uuid.UUID, datetime] = {}
+        self.unplanned: list[Unplanned] = []
 
     async def candidates(self, model: str, since_bucket: int) -> list[Candidate]:
         if self.fail:
@@ -62,12 +64,31 @@ class MemoryPlans:
     async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool:
         return self.rows.setdefault((trigger_event_id, plan.replica), plan) is plan
 
+    async def mark_published(self, plan_id: uuid.UUID, at: datetime) -> None:
+        self.published.setdefault(plan_id, at)
+
+    async def unpublished(self, *, issued_before: datetime, alive_at: datetime) -> list[WarmPlanIssued]:
+        return [
+            plan
+            for plan in self.rows.values()
+            if plan.plan_id not in self.published
+            and plan.occurred_at < issued_before
+            and plan.deadline > alive_at
+        ]
+
+    async def unplanned_starts(self, *, since: datetime, before: datetime) -> list[Unplanned]:
+        planned = {trigger for trigger, _replica in self.rows}
+        return [start for start in self.unplanned if start.trigger not in planned]
+
 
 class Published:
     def __init__(self) -> None:
         self.plans: list[WarmPlanIssued] = []
+        self.down = False
 
     async def publish(self, plan: WarmPlanIssued) -> None:
+        if self.down:
+            raise TimeoutError("the broker did not acknowledge in time")
         self.plans.append(plan)
 
 
@@ -83,14 +104,18 @@ def replica_event(kind: type[ReplicaEvent], epoch: int | None) -> ReplicaEvent:
     )
 
 
-def issuer(store: MemoryPlans, published: Published, metrics: PlannerMetrics) -> PlanIssuer:
+def issuer(
+    store: MemoryPlans, published: Published, metrics: PlannerMetrics, clock: list[datetime] | None = None
+) -> PlanIssuer:
+    """An issuer whose clock reads `clock[0]` (NOW if not given): a test moves time by replacing it."""
+    now = clock if clock is not None else [NOW]
     return PlanIssuer(
         store=store,
         publisher=published,
         settings=PlanSettings(budget_tokens=250, deadline_s=90, window_hours=2),
         bucket_seconds=60,
         metrics=metrics,
-        clock=lambda: NOW,
+        clock=lambda: now[0],
     )
 
 
@@ -148,3 +173,37 @@ def test_an_epoch_bump_plans_the_tenants_prefixes_on_every_live_replica_once() -
         assert plan.items == [WarmItem(5, 100, PrefixPayload(5, prompt="tenant one"), "tenant-1", "v1", 7)]
         assert (plan.epoch, plan.tenant, plan.trigger_event_id) == (7, "tenant-1", None)
     assert metrics.plans_issued._value.get() == 2
+
+
+def test_a_plan_the_broker_did_not_take_is_published_again_once_by_catch_up() -> None:
+    node = PrefixNode((1, 5), None, 0, 100)
+    store = MemoryPlans([Candidate(node, 3, True)], {(1, 5): PrefixPayload(5, prompt="hello")})
+    published, metrics, clock = Published(), PlannerMetrics(CollectorRegistry()), [NOW]
+    run = issuer(store, published, metrics, clock)
+    published.down = True
+    start = replica_event(ReplicaStarted, None)
+    asyncio.run(run.after_commit(IngestBatch(replica_events=[start])))
+    [recorded] = store.rows.values()
+    assert published.plans == [] and metrics.plan_failures._value.get() == 1
+
+    published.down = False
+    assert asyncio.run(run.catch_up()) == (0, 0)  # younger than the grace: still its batch's business
+    clock[0] = NOW + timedelta(seconds=6)
+    assert asyncio.run(run.catch_up()) == (1, 0)
+    assert published.plans == [recorded]  # the same plan, the same id: a warmer applies it once
+    assert store.published == {recorded.plan_id: clock[0]}
+    assert asyncio.run(run.catch_up()) == (0, 0)
+
+
+def test_a_start_whose_plan_was_never_recorded_is_planned_by_catch_up() -> None:
+    node = PrefixNode((1, 5), None, 0, 100)
+    store = MemoryPlans([Candidate(node, 3, True)], {(1, 5): PrefixPayload(5, prompt="hello")})
+    published, metrics = Published(), PlannerMetrics(CollectorRegistry())
+    trigger = new_event_id()
+    store.unplanned = [Unplanned("r-9", "node-2", MODEL, trigger)]
+
+    assert asyncio.run(issuer(store, published, metrics).catch_up()) == (0, 1)
+
+    [plan] = published.plans
+    assert (plan.replica, plan.node, plan.trigger_event_id) == ("r-9", "node-2", trigger)
+    assert asyncio.run(issuer(store, published, metrics).catch_up()) == (0, 0)
