@@ -25,6 +25,9 @@ from pathlib import Path
 POLL_INTERVAL_S = 0.01
 _LOG_TAIL_BYTES = 4000
 
+PROC = Path("/proc")
+"""Where Linux lists processes; absent elsewhere, where a signal probe decides alone."""
+
 
 class StartupError(RuntimeError):
     """A child did not become ready: it exited early or a readiness condition missed its deadline."""
@@ -228,8 +231,24 @@ def _group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # members exist but run as another user we cannot signal
-    return True
+        pass  # members exist but run as another user we cannot signal
+    return live_members(pgid) if PROC.is_dir() else True
+
+
+def live_members(pgid: int, proc: Path | None = None) -> bool:
+    """Whether a process of group ``pgid`` is running, zombies aside (from ``/proc/<pid>/stat``).
+
+    A killed child whose parent died is a zombie until init reaps it, and in a container whose first
+    process does not reap orphans it never is: it holds nothing but its pid, so it does not count.
+    """
+    for stat in (proc or PROC).glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
+        except (OSError, IndexError):
+            continue  # gone meanwhile, or unreadable
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 def _wait_group_empty(pgid: int, deadline: float) -> bool:
