@@ -33,9 +33,11 @@ integration: $(BIN)/warmplane vllm
 	$(BIN)/pytest -q tests/integration
 
 bench: $(BIN)/warmplane vllm
+	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m bench.ingest_bench
 	$(BIN)/python -m bench.emitter_bench
 	$(BIN)/python -m bench.warm_bench
+	$(BIN)/python -m bench.gateway_bench --router $(BIN)/vllm-router
 
 # vLLM (CPU build) in its own virtualenv, plus the tiny model the tests serve; both skip work already done.
 VLLM_VENV  ?= $(or $(WARMPLANE_VLLM_VENV),.venv-vllm)

@@ -4,12 +4,14 @@ warmplane up [--trace FILE] [--limit N]   the main job on embedded defaults (no 
 warmplane migrate                         migrate WARMPLANE_POSTGRES__URL to the newest schema
 warmplane planner                         run the planner from WARMPLANE_* settings
 warmplane warmer                          run one node's warmer from WARMPLANE_* settings
+warmplane gateway                         run the OpenAI-compatible gateway from WARMPLANE_* settings
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import sys
 from pathlib import Path
@@ -33,38 +35,38 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("migrate", help="migrate WARMPLANE_POSTGRES__URL to the newest schema")
     commands.add_parser("planner", help="run the planner from WARMPLANE_* settings")
     commands.add_parser("warmer", help="run one node's warmer from WARMPLANE_* settings")
+    commands.add_parser("gateway", help="run the OpenAI-compatible gateway from WARMPLANE_* settings")
     args = parser.parse_args(argv)
 
     if args.command == "up":
-        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
-        if not args.verbose:
-            for name in ("faststream", "faststream.access.kafka"):
-                logging.getLogger(name).setLevel(logging.WARNING)
-            # aiokafka logs a fetch the busy embedded broker did not answer in time at ERROR, and then
-            # retries it; --verbose shows those.
-            logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-        options = UpOptions(args.trace, args.limit, args.workdir, args.keep_running)
-        try:
-            asyncio.run(run_up(options, sys.stdout))
-        except FileNotFoundError as exc:
-            print(f"warmplane up: {exc}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            return 130
-        return 0
+        return _up(args)
     if args.command == "migrate":
         settings = load_settings(WarmplaneSettings)
         migrate.upgrade(settings.postgres.sqlalchemy_url())
         print("database is at the newest schema")
         return 0
-    if args.command == "warmer":
-        from warmplane.services.warmer.__main__ import main as warmer_main  # noqa: PLC0415
+    # A service is imported only when it is the one run: each pulls in its own dependencies.
+    service = importlib.import_module(f"warmplane.services.{args.command}.__main__")
+    service.main()
+    return 0
 
-        warmer_main()
-        return 0
-    from warmplane.services.planner.__main__ import main as planner_main  # noqa: PLC0415
 
-    planner_main()
+def _up(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    if not args.verbose:
+        for name in ("faststream", "faststream.access.kafka"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        # aiokafka logs a fetch the busy embedded broker did not answer in time at ERROR, and then
+        # retries it; --verbose shows those.
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    options = UpOptions(args.trace, args.limit, args.workdir, args.keep_running)
+    try:
+        asyncio.run(run_up(options, sys.stdout))
+    except FileNotFoundError as exc:
+        print(f"warmplane up: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 

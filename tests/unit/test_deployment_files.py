@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.services.warmer.settings import WarmerSettings
 from warmplane.shared.settings import load_settings
@@ -23,7 +24,7 @@ def _compose() -> dict[str, Any]:
 
 def test_every_long_running_service_has_a_health_check() -> None:
     services = _compose()["services"]
-    assert {"kafka", "postgres", "redis", "migrate", "planner", "vllm", "warmer"} <= set(services)
+    assert {"kafka", "postgres", "redis", "migrate", "planner", "vllm", "warmer", "gateway"} <= set(services)
     for name, service in services.items():
         if name != "migrate":  # a one-shot job: its exit status is its health
             assert "healthcheck" in service, f"{name} has no health check"
@@ -62,6 +63,19 @@ def test_the_compose_warmer_is_valid_warmer_settings_for_its_engine(monkeypatch:
     assert f"--served-model-name={'${WARMPLANE_SERVED_MODEL:-qwen-2.5-7b}'}" in services["vllm"]["command"]
     assert "tenant-secret" not in repr(settings)
     assert "/ready" in " ".join(services["warmer"]["healthcheck"]["test"])
+
+
+def test_the_compose_gateway_is_valid_gateway_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    given = {
+        "WARMPLANE_API_KEYS": '{"acme": ["key-1"]}',
+        "WARMPLANE_TENANT_SECRETS": '{"acme": "tenant-secret"}',
+    }
+    for key, raw in _compose()["services"]["gateway"]["environment"].items():
+        value = given.get(key, str(raw).replace("${WARMPLANE_POSTGRES_PASSWORD}", "secret"))
+        monkeypatch.setenv(key, value)
+    settings = load_settings(GatewaySettings)
+    assert settings.gateway.instance == "gateway-0" and settings.gateway.block_size == 16
+    assert "key-1" not in repr(settings) and "tenant-secret" not in repr(settings)
 
 
 def test_the_image_installs_what_the_package_links() -> None:

@@ -1,0 +1,118 @@
+"""The gateway's HTTP face, and `bootstrap()`, which wires it to real or fake parts.
+
+POST /v1/completions, /v1/chat/completions   OpenAI-compatible, streaming or not (`proxy.py`)
+GET  /v1/models                               the models some replica serves (needs an API key)
+GET  /healthz                                 200 while the process serves (liveness)
+GET  /metrics                                 Prometheus text (`warmplane_gateway_*`)
+Any other path or method answers an OpenAI-shaped 404 or 405.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import httpx
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from warmplane.services.gateway.errors import INVALID_REQUEST, ApiError
+from warmplane.services.gateway.membership import Membership
+from warmplane.services.gateway.metrics import GatewayMetrics
+from warmplane.services.gateway.observations import EventSink, Observer
+from warmplane.services.gateway.proxy import Proxy, error_response
+from warmplane.services.gateway.router import Router
+from warmplane.services.gateway.settings import GatewaySettings
+from warmplane.services.gateway.tenants import EpochBook, SaltBook, TenantDirectory
+from warmplane.shared.event_ids import new_event_id
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayParts:
+    app: Starlette
+    proxy: Proxy
+    router: Router
+    epochs: EpochBook
+    metrics: GatewayMetrics
+
+
+def bootstrap(
+    settings: GatewaySettings,
+    *,
+    membership: Membership,
+    sink: EventSink,
+    client: httpx.AsyncClient,
+    epochs: EpochBook | None = None,
+    new_id: Callable[[], uuid.UUID] = new_event_id,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> GatewayParts:
+    """The gateway over `membership`, forwarding with `client`, emitting into `sink`. No I/O here."""
+    metrics = GatewayMetrics(CollectorRegistry())
+    epochs = epochs if epochs is not None else EpochBook()
+    router = Router(membership, settings.routing)
+    options = settings.gateway
+    observer = Observer(
+        sink,
+        metrics,
+        producer=f"gateway/{options.instance}",
+        block_size=options.block_size,
+        payload_memory=options.payload_memory,
+        new_id=new_id,
+        clock=clock,
+    )
+    proxy = Proxy(
+        tenants=TenantDirectory(settings.api_keys),
+        salts=SaltBook(settings.tenant_secrets),
+        epochs=epochs,
+        router=router,
+        client=client,
+        observer=observer,
+        metrics=metrics,
+        options=options,
+        routing=settings.routing,
+    )
+    return GatewayParts(build_app(proxy, membership, metrics), proxy, router, epochs, metrics)
+
+
+def build_app(proxy: Proxy, membership: Membership, metrics: GatewayMetrics) -> Starlette:
+    async def completions(request: Request) -> Response:
+        return await proxy.handle("completions", request)
+
+    async def chat(request: Request) -> Response:
+        return await proxy.handle("chat", request)
+
+    async def models(request: Request) -> Response:
+        try:
+            proxy.authenticate(request)
+        except ApiError as error:
+            return error_response(error)
+        data = [{"id": name, "object": "model", "owned_by": "warmplane"} for name in membership.models()]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok\n")
+
+    async def prometheus(request: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        message = f"{request.method} {request.url.path} is not served here (HTTP {status})."
+        return error_response(ApiError(status, message, type=INVALID_REQUEST, code=f"http_{status}"))
+
+    return Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/metrics", prometheus, methods=["GET"]),
+        ],
+        exception_handlers={404: http_error, 405: http_error},
+    )

@@ -1,0 +1,108 @@
+"""Membership from the lifecycle topic: every replica and epoch event, replayed from the earliest offset.
+
+The follower consumes `<prefix>.lifecycle` in a consumer group of its own (`<group_id_prefix>-<instance>`:
+the instance name must be unique per gateway process) from the earliest offset and never commits, so
+each start replays the topic and learns the current state; replica events feed a `ReplicaTable`,
+`epoch.bumped` an `EpochBook`. `caught_up` is set once every assigned partition has been read to the end
+offset it had when assigned. An event that does not decode is counted, logged (rarely) and skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from warmplane.services.gateway.membership import ReplicaTable
+from warmplane.services.gateway.tenants import EpochBook
+from warmplane.shared.codec import DecodeFailure, EventCodec
+from warmplane.shared.events import EpochBumped
+from warmplane.shared.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+_FETCH_WAIT_MS = 50
+
+
+class LifecycleFollower:
+    def __init__(
+        self, kafka: KafkaSettings, topic: str, group_id: str, table: ReplicaTable, epochs: EpochBook
+    ) -> None:
+        self._kafka = kafka
+        self._topic = topic
+        self._group_id = group_id
+        self._table = table
+        self._epochs = epochs
+        self._codec = EventCodec(kafka.max_event_bytes)
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._ends: dict[TopicPartition, int] | None = None
+        self.caught_up = asyncio.Event()
+        self.undecodable = 0
+
+    async def start(self) -> None:
+        """Connect and start reading in the background. Raises what aiokafka raises if the broker is down."""
+        kafka = self._kafka
+        consumer = AIOKafkaConsumer(
+            self._topic,
+            bootstrap_servers=kafka.bootstrap_servers,
+            client_id=f"{kafka.client_id}-{self._group_id}",
+            group_id=self._group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=kafka.session_timeout_ms,
+            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+            request_timeout_ms=max(kafka.request_timeout_ms, kafka.session_timeout_ms + 1),
+            fetch_max_wait_ms=_FETCH_WAIT_MS,
+        )
+        await consumer.start()
+        self._consumer = consumer
+        self._task = asyncio.create_task(self._run(consumer), name="gateway lifecycle follower")
+        self._task.add_done_callback(_report_death)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def _run(self, consumer: AIOKafkaConsumer) -> None:
+        while True:
+            batches = await consumer.getmany(timeout_ms=500, max_records=1000)
+            for records in batches.values():
+                for record in records:
+                    self._apply(record.value)
+            if not self.caught_up.is_set():
+                await self._check_caught_up(consumer)
+
+    def _apply(self, value: bytes | None) -> None:
+        event = self._codec.decode(value)
+        if isinstance(event, DecodeFailure):
+            self.undecodable += 1
+            if self.undecodable & (self.undecodable - 1) == 0:
+                log.warning("skipped an undecodable lifecycle event (%d so far): %s", self.undecodable, event)
+            return
+        if isinstance(event, EpochBumped):
+            if event.tenant:
+                self._epochs.bump(event.tenant, event.model.name, event.epoch)
+            return
+        self._table.apply(event)
+
+    async def _check_caught_up(self, consumer: AIOKafkaConsumer) -> None:
+        assigned = consumer.assignment()
+        if not assigned:
+            return
+        if self._ends is None:
+            self._ends = await consumer.end_offsets(list(assigned))
+        for partition, end in self._ends.items():
+            if partition in assigned and await consumer.position(partition) < end:
+                return
+        self.caught_up.set()
+
+
+def _report_death(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.critical("the lifecycle follower stopped: membership is frozen: %r", error, exc_info=error)

@@ -1,0 +1,88 @@
+"""The gateway's Prometheus metrics (`warmplane_gateway_*`), on a registry the gateway owns.
+
+Labels stay bounded: `tenant` is a configured tenant or `-` (unauthenticated), `model` a served model
+or `-` (unknown to the gateway), `replica` a member of the fleet. The cached-token ratio is
+`rate(warmplane_gateway_cached_tokens_total) / rate(warmplane_gateway_prompt_tokens_total)`, and a
+per-request histogram of it.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_RATIO = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        tm = ["tenant", "model"]
+        self.requests = Counter(
+            "warmplane_gateway_requests",
+            "Requests answered, by endpoint and HTTP status",
+            [*tm, "endpoint", "status"],
+            registry=registry,
+        )
+        self.errors = Counter(
+            "warmplane_gateway_errors",
+            "Requests that failed, by error code (OpenAI `code`, or the replica's status)",
+            [*tm, "code"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "warmplane_gateway_request_seconds",
+            "From the request's arrival to the answer's last byte",
+            tm,
+            buckets=_SECONDS,
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "warmplane_gateway_ttft_seconds",
+            "Streaming: from the request's arrival to its first byte out",
+            tm,
+            buckets=_SECONDS,
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "warmplane_gateway_prompt_tokens", "Prompt tokens, from the engine's usage", tm, registry=registry
+        )
+        self.cached_tokens = Counter(
+            "warmplane_gateway_cached_tokens",
+            "Prompt tokens the engine found in its prefix cache",
+            tm,
+            registry=registry,
+        )
+        self.cached_ratio = Histogram(
+            "warmplane_gateway_cached_ratio",
+            "Per request: cached tokens over prompt tokens",
+            tm,
+            buckets=_RATIO,
+            registry=registry,
+        )
+        self.cold = Counter(
+            "warmplane_gateway_cold_requests",
+            "Requests whose leading prefix was not resident (a prefix.missed was emitted)",
+            tm,
+            registry=registry,
+        )
+        self.failovers = Counter(
+            "warmplane_gateway_failovers",
+            "Connection failures that moved a request to the next replica",
+            ["replica"],
+            registry=registry,
+        )
+        self.ejections = Counter(
+            "warmplane_gateway_ejections",
+            "Times a replica was left out of the ring after a failure",
+            ["replica", "reason"],  # connect, mid_stream, protocol
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "warmplane_gateway_in_flight", "Requests in flight per replica", ["replica"], registry=registry
+        )
+        self.events_dropped = Counter(
+            "warmplane_gateway_events_dropped",
+            "Events the emitter refused (its buffer full or closed): never waited for",
+            registry=registry,
+        )

@@ -1,0 +1,262 @@
+"""Serving one OpenAI request: authenticate, read, route, forward with failover, relay, observe.
+
+Contracts:
+- Refusals (bad key, bad body, unknown model, no ready replica) are OpenAI-shaped errors and never
+  reach a replica. The replica's own answers, errors included, are passed through with their status
+  and bytes (streams: byte for byte, minus the usage chunk only the gateway asked for).
+- A request goes to its replicas in `Router.route` order. It moves to the next one only when no byte
+  of it can have been acted on: the connection failed, or writing the request failed. Any later
+  failure is answered (502, or 504 on a timeout) and never retried, so nothing runs twice.
+- A replica that refused connections, broke the protocol or died mid-stream is ejected from the ring
+  for `eject_s` (or until it reports ready again). A stream that dies gets one final SSE error event,
+  then ends: the client is never left hanging.
+- In-flight counts (the ring's load bound) cover a request from its first attempt to its last byte.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from warmplane.services.gateway import errors
+from warmplane.services.gateway.errors import SERVER, ApiError
+from warmplane.services.gateway.membership import Replica
+from warmplane.services.gateway.metrics import GatewayMetrics
+from warmplane.services.gateway.observations import Observer, Served
+from warmplane.services.gateway.openai_request import (
+    PATHS,
+    ClientRequest,
+    Kind,
+    chain_of,
+    decode,
+    upstream_body,
+)
+from warmplane.services.gateway.relayed_stream import Outcome, RelayedStream
+from warmplane.services.gateway.router import Router
+from warmplane.services.gateway.settings import GatewayOptions, RoutingSettings
+from warmplane.services.gateway.sse_relay import SseRelay
+from warmplane.services.gateway.tenants import EpochBook, SaltBook, TenantDirectory
+from warmplane.shared.prefix_chain import Namespace, PrefixChain
+
+REPLICA_HEADER = "x-warmplane-replica"
+_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.WriteError)
+_JSON = {"content-type": "application/json"}
+_decoder = msgspec.json.Decoder()
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    request: ClientRequest
+    tenant: str
+    epoch: int
+    chain: PrefixChain
+    started: float
+
+
+class Proxy:
+    """The serving path. `wall` gives Unix seconds (ring ramp, ejections), `monotonic` durations."""
+
+    def __init__(
+        self,
+        *,
+        tenants: TenantDirectory,
+        salts: SaltBook,
+        epochs: EpochBook,
+        router: Router,
+        client: httpx.AsyncClient,
+        observer: Observer,
+        metrics: GatewayMetrics,
+        options: GatewayOptions,
+        routing: RoutingSettings,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._tenants, self._salts, self._epochs = tenants, salts, epochs
+        self._router = router
+        self._client = client
+        self._observer = observer
+        self._metrics = metrics
+        self._options = options
+        self._routing = routing
+        self._wall = wall
+        self._monotonic = monotonic
+
+    def authenticate(self, request: Request) -> str:
+        """The tenant of the request's bearer key. Raises `ApiError` (401) without a valid one."""
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if not header:
+            raise errors.missing_api_key()
+        key = key.strip()
+        tenant = self._tenants.tenant(key) if scheme.lower() == "bearer" and key else None
+        if tenant is None:
+            raise errors.invalid_api_key()
+        return tenant
+
+    async def handle(self, kind: Kind, request: Request) -> Response:
+        started = self._monotonic()
+        tenant = model = "-"
+        try:
+            tenant = self.authenticate(request)
+            client_request = decode(await self._read_body(request), kind)
+            if not self._router.membership.serves(client_request.model):
+                raise errors.unknown_model(client_request.model)
+            model = client_request.model
+            epoch = self._epochs.epoch(tenant, model)
+            chain = chain_of(client_request, Namespace(tenant, model))
+            return await self._forward(_Job(client_request, tenant, epoch, chain, started))
+        except ApiError as error:
+            self._finish(tenant, model, kind, error.status, started, code=error.code)
+            return error_response(error)
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self._options.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise errors.body_too_large(limit)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise errors.body_too_large(limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _forward(self, job: _Job) -> Response:
+        request = job.request
+        salt = self._salts.salt(job.tenant, request.model, job.epoch)
+        if salt is None:  # settings refuse a tenant with keys but no secret; kept for safety
+            raise ApiError(500, "The tenant has no cache namespace configured.", type=SERVER, code="no_salt")
+        key = job.chain.ids[min(self._routing.depth, len(job.chain.ids) - 1)]
+        candidates = self._router.route(request.model, key, self._wall())
+        if not candidates:
+            raise errors.no_ready_replica(request.model)
+        body = upstream_body(request, salt, self._options.priority)
+        for index, replica in enumerate(candidates):
+            self._acquire(replica.name)
+            try:
+                upstream = await self._send(replica, request.kind, body)
+            except _RETRYABLE:
+                self._release(replica.name)
+                self._eject(replica, "connect")
+                self._metrics.failovers.labels(replica.name).inc()
+                continue
+            except BaseException:
+                self._release(replica.name)
+                raise
+            route = "ring" if index == 0 else "failover"
+            if request.stream and upstream.status_code == 200:
+                return self._relay(job, replica, route, upstream)
+            return await self._answer(job, replica, route, upstream)
+        raise errors.upstream_failed(f"none of the {len(candidates)} ready replicas accepted a connection")
+
+    async def _send(self, replica: Replica, kind: Kind, body: bytes) -> httpx.Response:
+        outgoing = self._client.build_request("POST", replica.url + PATHS[kind], content=body, headers=_JSON)
+        try:
+            return await self._client.send(outgoing, stream=True)
+        except _RETRYABLE:
+            raise
+        except httpx.TimeoutException:
+            raise errors.upstream_timeout() from None
+        except httpx.HTTPError as exc:
+            self._eject(replica, "protocol")
+            raise errors.upstream_failed(type(exc).__name__) from None
+
+    async def _answer(self, job: _Job, replica: Replica, route: str, upstream: httpx.Response) -> Response:
+        """A complete (non-streamed) answer, or any error status, passed through as it came."""
+        request = job.request
+        try:
+            content = await upstream.aread()
+        except httpx.TimeoutException:
+            raise errors.upstream_timeout() from None
+        except httpx.HTTPError as exc:
+            self._eject(replica, "protocol")
+            raise errors.upstream_failed(f"its answer broke off ({type(exc).__name__})") from None
+        finally:
+            await upstream.aclose()
+            self._release(replica.name)
+        status = upstream.status_code
+        if status == 200:
+            self._observe(job, replica, route, _usage_of(content), None)
+        headers = {REPLICA_HEADER: replica.name}
+        media_type = upstream.headers.get("content-type")
+        self._finish(job.tenant, request.model, request.kind, status, job.started, code=str(status))
+        return Response(content, status_code=status, headers=headers, media_type=media_type)
+
+    def _relay(self, job: _Job, replica: Replica, route: str, upstream: httpx.Response) -> Response:
+        request = job.request
+
+        def on_end(outcome: Outcome, ttft: float | None) -> None:
+            self._release(replica.name)
+            status = {"complete": 200, "broken": 502, "abandoned": 499}[outcome]
+            self._finish(job.tenant, request.model, request.kind, status, job.started, code=outcome)
+            if ttft is not None:
+                self._metrics.ttft.labels(job.tenant, request.model).observe(ttft)
+            if outcome == "broken":
+                self._eject(replica, "mid_stream")
+            elif outcome == "complete":
+                self._observe(job, replica, route, relay.usage, ttft)
+
+        relay = SseRelay(strip_usage_chunk=not request.wants_usage)
+        return RelayedStream(
+            upstream,
+            relay,
+            started=job.started,
+            monotonic=self._monotonic,
+            on_end=on_end,
+            headers={REPLICA_HEADER: replica.name},
+        )
+
+    def _observe(
+        self, job: _Job, replica: Replica, route: str, usage: dict[str, Any] | None, ttft: float | None
+    ) -> None:
+        self._observer.served(
+            Served(
+                job.request,
+                job.chain,
+                job.tenant,
+                job.epoch,
+                replica.name,
+                replica.revision,
+                route,
+                usage,
+                ttft,
+            )
+        )
+
+    def _acquire(self, replica: str) -> None:
+        self._metrics.in_flight.labels(replica).set(self._router.acquire(replica))
+
+    def _release(self, replica: str) -> None:
+        self._metrics.in_flight.labels(replica).set(self._router.release(replica))
+
+    def _eject(self, replica: Replica, reason: str) -> None:
+        self._router.membership.eject(replica.name, self._wall() + self._routing.eject_s)
+        self._metrics.ejections.labels(replica.name, reason).inc()
+
+    def _finish(self, tenant: str, model: str, kind: Kind, status: int, started: float, *, code: str) -> None:
+        self._metrics.requests.labels(tenant, model, kind, str(status)).inc()
+        self._metrics.latency.labels(tenant, model).observe(self._monotonic() - started)
+        if status >= 400:
+            self._metrics.errors.labels(tenant, model, code).inc()
+
+
+def error_response(error: ApiError) -> Response:
+    return Response(error.body(), status_code=error.status, media_type="application/json")
+
+
+def _usage_of(content: bytes) -> dict[str, Any] | None:
+    try:
+        body = _decoder.decode(content)
+    except msgspec.DecodeError:
+        return None
+    usage = body.get("usage") if isinstance(body, dict) else None
+    return usage if isinstance(usage, dict) else None

@@ -1,0 +1,80 @@
+"""A replica's streamed answer relayed to the client, with one guaranteed ending.
+
+`RelayedStream` is the Starlette response of a stream: it forwards what `SseRelay` lets through, and
+ends exactly once, whichever way the stream ends: `complete` (the replica finished and every byte went
+out), `broken` (the replica failed mid-stream: the client gets one final SSE error event, then the end)
+or `abandoned` (the client went away, or the response was never started). `on_end(outcome, ttft_s)` is
+then called, before the upstream connection is closed, so counts and in-flight loads never leak.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Literal
+
+import httpx
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from warmplane.services.gateway.errors import upstream_failed
+from warmplane.services.gateway.sse_relay import SseRelay
+
+Outcome = Literal["complete", "broken", "abandoned"]
+
+
+class RelayedStream(StreamingResponse):
+    """`started` and `monotonic()` are in the same clock: `ttft_s` is the first byte out minus `started`."""
+
+    def __init__(
+        self,
+        upstream: httpx.Response,
+        relay: SseRelay,
+        *,
+        started: float,
+        monotonic: Callable[[], float],
+        on_end: Callable[[Outcome, float | None], None],
+        headers: dict[str, str],
+    ) -> None:
+        self._upstream = upstream
+        self._relay = relay
+        self._started = started
+        self._monotonic = monotonic
+        self._on_end = on_end
+        self._outcome: Outcome = "abandoned"
+        self._ended = False
+        self.ttft_s: float | None = None
+        media_type = upstream.headers.get("content-type", "text/event-stream")
+        super().__init__(self._chunks(), headers=headers, media_type=media_type)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._end()
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._upstream.aiter_raw():
+                out = self._relay.feed(chunk)
+                if out:
+                    if self.ttft_s is None:
+                        self.ttft_s = self._monotonic() - self._started
+                    yield out
+            rest = self._relay.finish()
+            if rest:
+                yield rest
+            self._outcome = "complete"
+        except httpx.HTTPError as exc:
+            self._outcome = "broken"
+            yield upstream_failed(f"the stream broke off ({type(exc).__name__})").sse_event()
+        finally:
+            await self._end()
+
+    async def _end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._on_end(self._outcome, self.ttft_s)
+        with contextlib.suppress(httpx.HTTPError):
+            await self._upstream.aclose()

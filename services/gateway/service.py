@@ -1,0 +1,151 @@
+"""The gateway process: `async with Gateway(settings) as gateway:` serves until the block ends.
+
+`Gateway` owns the emitter (events out, never awaited on the serving path), the lifecycle follower (or
+the static replicas of `WARMPLANE_STATIC_REPLICAS`), the pooled HTTP client to the replicas, and uvicorn.
+Start-up waits at most `catch_up_timeout_s` for the lifecycle topic to be read to its end, then serves
+with what it knows and says so in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from types import TracebackType
+from typing import Self
+
+import httpx
+import uvicorn
+
+from warmplane.services.gateway.app import GatewayParts, bootstrap
+from warmplane.services.gateway.lifecycle_follower import LifecycleFollower
+from warmplane.services.gateway.membership import Membership, Replica, ReplicaTable, static_membership
+from warmplane.services.gateway.observations import EventSink
+from warmplane.services.gateway.settings import GatewaySettings
+from warmplane.services.gateway.tenants import EpochBook
+from warmplane.shared.emitter import Emitter
+from warmplane.shared.kafka_admin import ensure_topics
+from warmplane.shared.topics import Topics
+
+log = logging.getLogger(__name__)
+_STOP_TIMEOUT_S = 5.0
+
+
+def upstream_client(settings: GatewaySettings) -> httpx.AsyncClient:
+    """Pooled HTTP/1.1 connections to the replicas; every phase of a call has a timeout."""
+    options = settings.gateway
+    timeout = httpx.Timeout(options.read_timeout_s, connect=options.connect_timeout_s, pool=None)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    return httpx.AsyncClient(timeout=timeout, limits=limits)
+
+
+class Gateway:
+    """`sink` replaces the emitter (tests); without it events go to Kafka through `Emitter`."""
+
+    def __init__(self, settings: GatewaySettings, *, sink: EventSink | None = None) -> None:
+        self.settings = settings
+        self._sink = sink
+        self._stack = contextlib.AsyncExitStack()
+        self._socket: socket.socket | None = None
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.parts: GatewayParts | None = None
+        self.follower: LifecycleFollower | None = None
+
+    @property
+    def port(self) -> int:
+        if self._socket is None:
+            raise RuntimeError("the gateway is not started")
+        port: int = self._socket.getsockname()[1]
+        return port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        settings = self.settings
+        topics = Topics(settings.kafka.topic_prefix)
+        sink = self._sink
+        if sink is None:
+            emitter = Emitter(settings.kafka, settings.emitter, topics)
+            await emitter.start()
+            self._stack.push_async_callback(emitter.close)
+            sink = emitter
+        epochs = EpochBook()
+        membership = await self._membership(topics, epochs)
+        client = upstream_client(settings)
+        self._stack.push_async_callback(client.aclose)
+        self.parts = bootstrap(settings, membership=membership, sink=sink, client=client, epochs=epochs)
+        await self._serve(self.parts)
+
+    async def _membership(self, topics: Topics, epochs: EpochBook) -> Membership:
+        settings = self.settings
+        if settings.static_replicas:
+            return static_membership(
+                Replica(r.replica, r.url.rstrip("/"), r.model, r.model_revision)
+                for r in settings.static_replicas
+            )
+        table = ReplicaTable()
+        await ensure_topics(settings.kafka, (topics.lifecycle,))
+        options = settings.gateway
+        group = f"{options.group_id_prefix}-{options.instance}"
+        follower = self.follower = LifecycleFollower(settings.kafka, topics.lifecycle, group, table, epochs)
+        await follower.start()
+        self._stack.push_async_callback(follower.stop)
+        try:
+            await asyncio.wait_for(follower.caught_up.wait(), options.catch_up_timeout_s)
+        except TimeoutError:
+            log.warning(
+                "the lifecycle topic %s was not read to its end within %.0f s: serving with %s known",
+                topics.lifecycle,
+                options.catch_up_timeout_s,
+                table.models() or "no models",
+            )
+        return table
+
+    async def _serve(self, parts: GatewayParts) -> None:
+        options = self.settings.gateway
+        family = socket.AF_INET6 if ":" in options.http_host else socket.AF_INET
+        # proto=IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on accepted sockets whose
+        # proto says TCP, and without it Nagle holds each response's body behind its headers for a
+        # delayed ACK (measured: 44 ms on every request).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((options.http_host, options.http_port))
+        self._socket = sock
+        config = uvicorn.Config(parts.app, log_level="warning", access_log=False, lifespan="off")
+        server = self._server = uvicorn.Server(config)
+        task = self._task = asyncio.create_task(server.serve(sockets=[sock]), name="gateway http")
+        while not server.started:
+            if task.done():
+                await task
+                raise RuntimeError("the gateway's HTTP server stopped while starting")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        """Stop taking requests (in-flight ones finish within a bound), then close the rest."""
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._task, _STOP_TIMEOUT_S)
+        if self._socket is not None:
+            self._socket.close()
+        await self._stack.aclose()

@@ -1,0 +1,99 @@
+"""The gateway's settings: `WARMPLANE_API_KEYS`, `WARMPLANE_TENANT_SECRETS`, `WARMPLANE_GATEWAY__*`,
+`WARMPLANE_EMITTER__*` and `WARMPLANE_STATIC_REPLICAS` on top of the shared parts.
+
+Example:
+    WARMPLANE_API_KEYS='{"acme": ["sk-acme-1"], "globex": ["sk-globex-1"]}'
+    WARMPLANE_TENANT_SECRETS='{"acme": "...", "globex": "..."}'   # the warmer's, so salts agree
+    WARMPLANE_GATEWAY__BLOCK_SIZE=16
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Self
+
+from pydantic import BaseModel, Field, SecretStr, model_validator
+
+from warmplane.shared.settings import EmitterSettings, WarmplaneSettings
+
+Seconds = Annotated[float, Field(gt=0)]
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
+
+
+class StaticReplica(BaseModel):
+    """A replica given by configuration instead of lifecycle events: always ready."""
+
+    replica: Name
+    url: Annotated[str, Field(pattern=r"^https?://[^\s]+$")]
+    model: Name
+    model_revision: Annotated[str, Field(max_length=128)] = ""
+
+
+class RoutingSettings(BaseModel):
+    """The hash ring and its bounds (`shared/hash_ring.py`): the planner must use the same values."""
+
+    depth: Annotated[int, Field(ge=0, le=64)] = 0
+    """The chain element requests are routed by (0: the root; the last one for a shorter chain), as the
+    planner's `RoutingShare(routing_depth=...)` assumes. Deeper spreads traffic sharing a system prompt."""
+    vnodes: Annotated[int, Field(ge=1, le=4096)] = 128
+    load_factor: Annotated[float, Field(ge=1)] = 1.25
+    """A replica takes at most this times its weighted share of the requests in flight."""
+    ramp_s: Annotated[float, Field(ge=0)] = 60.0
+    """A replica that just turned ready grows from `ramp_min_weight` to full weight over this long."""
+    ramp_min_weight: Annotated[float, Field(gt=0, le=1)] = 0.1
+    eject_s: Seconds = 30.0
+    """A replica that failed a connection or died mid-stream is left out this long, or until it
+    reports ready again."""
+
+
+class GatewayOptions(BaseModel):
+    """How the gateway serves and forwards."""
+
+    http_host: str = "0.0.0.0"  # noqa: S104 - clients reach the gateway from outside its pod
+    http_port: Annotated[int, Field(ge=0, le=65_535)] = 8080
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    connect_timeout_s: Seconds = 2.0
+    read_timeout_s: Seconds = 600.0
+    """Longest silence from a replica: before its answer (non-streaming) or between two chunks."""
+    block_size: Annotated[int, Field(ge=1, le=1024)] = 16
+    """The replicas' KV block size in tokens: the leading prefix is resident if its full blocks hit."""
+    priority: int = 0
+    """vLLM priority of real traffic, overriding the client's (warm-ups run at 10)."""
+    payload_memory: Annotated[int, Field(ge=0)] = 100_000
+    """Prefix ids whose catalog payload this instance remembers sending (at most)."""
+    instance: Name = "gateway"
+    """This instance's name: its lifecycle consumer group is `<group_id_prefix>-<instance>`."""
+    group_id_prefix: Name = "warmplane-gateway"
+    catch_up_timeout_s: Seconds = 30.0
+    """At start, how long to wait for the lifecycle topic to be read to its end before serving."""
+
+
+class GatewaySettings(WarmplaneSettings):
+    api_keys: dict[str, list[SecretStr]] = Field(default_factory=dict)
+    """Each tenant's API keys (secrets: never logged)."""
+    tenant_secrets: dict[str, SecretStr] = Field(default_factory=dict)
+    """Each tenant's cache-salt secret, shared with the warmer."""
+    static_replicas: list[StaticReplica] = Field(default_factory=list)
+    """When set, these replicas are served and the lifecycle topic is not read."""
+    gateway: GatewayOptions = GatewayOptions()
+    routing: RoutingSettings = RoutingSettings()
+    emitter: EmitterSettings = EmitterSettings(client_id="warmplane-gateway")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        missing = sorted(set(self.api_keys) - set(self.tenant_secrets))
+        if missing:
+            raise ValueError(f"tenants with API keys but no cache-salt secret: {missing}")
+        empty = sorted(t for t, s in self.tenant_secrets.items() if not s.get_secret_value())
+        if empty:
+            raise ValueError(f"tenants with an empty cache-salt secret: {empty}")
+        seen: set[str] = set()
+        for keys in self.api_keys.values():
+            for key in keys:
+                value = key.get_secret_value()
+                if not value or value in seen:
+                    raise ValueError("API keys must be non-empty and belong to one tenant each")
+                seen.add(value)
+        names = [replica.replica for replica in self.static_replicas]
+        if len(names) != len(set(names)):
+            raise ValueError(f"static_replicas name a replica twice: {sorted(names)}")
+        return self

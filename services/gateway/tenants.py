@@ -1,0 +1,69 @@
+"""Who is asking, and the KV namespace they read: API keys to tenants, (tenant, model) epochs, salts.
+
+Keys are looked up by their SHA-256 digest: the key itself is not kept in a dict or compared byte by
+byte, and no message here ever quotes it. The `cache_salt` comes from `derive_cache_salt` with exactly
+the warmer's inputs (tenant secret, tenant, client-facing model name, epoch), so warm-ups land where
+real traffic reads (design brief, section 7).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+
+from pydantic import SecretStr
+
+from warmplane.shared.cache_salt import derive_cache_salt
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+class TenantDirectory:
+    """API key → tenant. `api_keys` maps each tenant to its keys; a key may belong to one tenant only."""
+
+    def __init__(self, api_keys: Mapping[str, Sequence[SecretStr]]) -> None:
+        self._tenants: dict[bytes, str] = {}
+        for tenant, keys in api_keys.items():
+            for key in keys:
+                self._tenants[_digest(key.get_secret_value())] = tenant
+
+    def tenant(self, api_key: str) -> str | None:
+        """The tenant owning `api_key`, None for a key nobody owns."""
+        return self._tenants.get(_digest(api_key))
+
+
+class EpochBook:
+    """The current epoch of each (tenant, model): 0 until an `epoch.bumped` raises it; never lowered."""
+
+    def __init__(self) -> None:
+        self._epochs: dict[tuple[str, str], int] = {}
+
+    def epoch(self, tenant: str, model: str) -> int:
+        return self._epochs.get((tenant, model), 0)
+
+    def bump(self, tenant: str, model: str, epoch: int) -> bool:
+        """Raise (tenant, model) to `epoch`; False (and nothing changed) if it is not newer."""
+        if epoch <= self.epoch(tenant, model):
+            return False
+        self._epochs[(tenant, model)] = epoch
+        return True
+
+
+class SaltBook:
+    """The `cache_salt` of (tenant, model, epoch), memoised; None for a tenant without a secret."""
+
+    def __init__(self, secrets: Mapping[str, SecretStr]) -> None:
+        self._secrets = secrets
+        self._salts: dict[tuple[str, str, int], str] = {}
+
+    def salt(self, tenant: str, model: str, epoch: int) -> str | None:
+        key = (tenant, model, epoch)
+        salt = self._salts.get(key)
+        if salt is None:
+            secret = self._secrets.get(tenant)
+            if secret is None or not secret.get_secret_value():
+                return None
+            salt = self._salts[key] = derive_cache_salt(secret, tenant, model, epoch)
+        return salt

