@@ -3,7 +3,8 @@
 GET /ready            200 when every replica of this warmer is ready, else 503 (the pod's readiness probe)
 GET /ready/{replica}  the same for one replica; 404 for one this warmer does not drive
 GET /status           every replica: phase, readiness, reason, plan progress, prefixes held (JSON)
-GET /healthz          200 while the warmer runs (liveness: unlike /ready, it says nothing about warmth)
+GET /healthz          200 while every loop of the warmer runs, else 503 (liveness: unlike /ready, it says
+                      nothing about warmth; a pod whose plan consumer died is restarted)
 GET /metrics          Prometheus text
 
 Everything here reads; nothing changes state, so nothing here needs a credential. No answer names a
@@ -77,7 +78,9 @@ def build_app(warmer: Warmer) -> Starlette:
         return JSONResponse({"node": warmer.node, "ready": warmer.ready(), "replicas": replicas})
 
     async def healthz(request: Request) -> Response:
-        return PlainTextResponse("ok\n")
+        if warmer.alive():
+            return PlainTextResponse("ok\n")
+        return PlainTextResponse("a warmer loop stopped; see the log\n", status_code=503)
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(warmer.metrics.registry), media_type=CONTENT_TYPE_LATEST)

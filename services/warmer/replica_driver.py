@@ -113,7 +113,10 @@ class ReplicaDriver:
         self._report(self.tracker.start())
         try:
             while True:
-                await self._step()
+                try:
+                    await self._step()
+                except Exception:  # one bad step must not leave the replica unwatched
+                    log.exception("replica %s: a step failed; trying again", self.replica)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._next_wait())
                 self._wake.clear()

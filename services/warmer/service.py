@@ -180,6 +180,10 @@ class Warmer:
             await asyncio.gather(outbox, return_exceptions=True)
         await self._stack.aclose()
 
+    def alive(self) -> bool:
+        """Whether every loop of the warmer still runs (the consumer, the outbox, each replica's)."""
+        return bool(self._tasks) and not any(task.done() for task in self._tasks.values())
+
     def ready(self, replica: str | None = None) -> bool:
         """`replica`'s readiness; for None, true iff this warmer drives replicas and all are ready."""
         if replica is not None:

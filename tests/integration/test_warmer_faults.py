@@ -9,7 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 from tests.integration.planner_harness import MODEL, poll_until, produce
 from tests.integration.test_planner_plans import read_topic
-from tests.integration.warmer_harness import conversation, ready_status, wait_for, warmer_settings
+from tests.integration.warmer_harness import (
+    conversation,
+    ready_status,
+    status_code,
+    wait_for,
+    warmer_settings,
+)
 from warmplane.services.warmer.core.replica import Phase
 from warmplane.services.warmer.service import Warmer
 from warmplane.shared.codec import EventCodec
@@ -79,6 +85,7 @@ async def test_bad_plans_are_answered_with_reasons_and_a_failed_item_keeps_the_r
         assert datetime.now(UTC) >= deadline
         assert driver.tracker.partial
         assert driver.tracker.reason == "deadline passed with 1 of 3 prefixes verified"
+        assert await status_code(warmer.http_port, "/healthz") == 200  # bad input stopped no loop
 
         async def answered() -> bool:
             return len(await _results(kafka)) >= 2

@@ -96,7 +96,11 @@ async def real_chat(engine: EmbeddedVllm, messages: list[Message], cache_salt: s
 
 async def ready_status(port: int, replica: str = "") -> int:
     """The status code of the warmer's `/ready` (or `/ready/<replica>`)."""
-    path = f"/ready/{replica}" if replica else "/ready"
+    return await status_code(port, f"/ready/{replica}" if replica else "/ready")
+
+
+async def status_code(port: int, path: str) -> int:
+    """The status code of GET `path` on the warmer listening on `port`."""
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5.0) as http:
         return (await http.get(path)).status_code
 
