@@ -150,18 +150,21 @@ class ReplicaDriver:
         if self._run_task is not None and self._run_task.done():
             self._finish_run()
         self._report(tracker.tick(self._clock()))
-        if (order := tracker.next_run()) is not None:
+        capacity = self.kv_capacity_tokens
+        fill_limit = None if capacity is None else int(capacity * self._warm.max_kv_fill)
+        if (order := tracker.next_run(fill_limit)) is not None:
             self._start_run(order)
 
     def _start_run(self, order: RunOrder) -> None:
         self._report(order.transitions)
         plan = order.plan
         log.info(
-            "replica %s: running plan %s, %d items (%d already held), %d in flight",
+            "replica %s: running plan %s, %d items (%d already held, %d left out), %d in flight",
             self.replica,
             plan.plan_id,
             len(order.items),
             order.already_held,
+            order.left_out,
             order.concurrency,
         )
         self._run = PlanRun(
@@ -204,6 +207,11 @@ class ReplicaDriver:
         self._metrics.items.labels(self.replica, "held").inc(report.already_held)
         self._metrics.items.labels(self.replica, "failed").inc(len(report.failures))
         failures = report.failures + ([f"stopped: {stopped}"] if stopped else [])
+        if run.order.left_out:
+            failures.append(
+                f"left out: {run.order.left_out} items beyond {self._warm.max_kv_fill:.0%} of the KV cache "
+                f"({self.kv_capacity_tokens} tokens)"
+            )
         self._publish(
             WarmFinished(
                 event_id=new_event_id(),

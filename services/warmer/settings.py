@@ -49,6 +49,9 @@ class WarmSettings(BaseModel):
     health_interval_s: Seconds = 1.0
     crash_after_failures: Annotated[int, Field(ge=1, le=100)] = 3
     """Consecutive failed health checks after which a replica that answered is reported crashed."""
+    max_kv_fill: Annotated[float, Field(gt=0, le=1)] = 0.8
+    """The share of the engine's KV cache a plan may fill (when the engine reports its size): the rest
+    of a larger plan is left out, since a warm set larger than the cache evicts its own beginning."""
     attempts: Annotated[int, Field(ge=1, le=10)] = 2
     """Tries per item for a transient failure (timeout, transport, HTTP 5xx); a rejection is not retried."""
     progress_interval_s: Seconds = 1.0

@@ -357,6 +357,18 @@ def test_epochs_are_per_tenant_and_an_items_own_epoch_wins_over_the_plans() -> N
     assert second is not None and [each.tenant for each in second.items] == ["globex"]
 
 
+def test_a_plan_larger_than_the_cache_allows_is_cut_and_ready_on_what_fits() -> None:
+    replica = loaded()
+    items = [item(1), item(2), item(3)]  # 64 tokens each, most valuable first
+    assert replica.offer(plan(1, items), NOW).accepted
+
+    order = replica.next_run(fill_limit_tokens=150)
+
+    assert order is not None and order.items == items[:2] and order.left_out == 1
+    assert phases(replica.finished(outcome(order), NOW)) == [Phase.READY]
+    assert replica.reason == "warm verified: 2 of 2 prefixes held"
+
+
 def test_a_plan_past_its_deadline_is_refused() -> None:
     replica = loaded()
 

@@ -65,13 +65,15 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class RunOrder:
-    """A plan to carry out now: `items` (held ones removed) at `concurrency` requests in flight."""
+    """A plan to carry out now: `items` (held ones removed, and the tail that would overfill the KV
+    cache: `left_out`) at `concurrency` requests in flight."""
 
     plan: WarmPlanIssued
     items: list[WarmItem]
     already_held: int
     concurrency: int
     transitions: list[Transition]
+    left_out: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,19 @@ def _verified(outcome: Outcome) -> str:
     if total == 0:
         return "nothing to warm: the plan holds no cacheable prefix"
     return f"warm verified: {done} of {total} prefixes held"
+
+
+def _within(items: list[WarmItem], limit_tokens: int | None) -> list[WarmItem]:
+    """The leading `items` whose tokens add up to at most `limit_tokens` (all of them without a limit)."""
+    if limit_tokens is None:
+        return items
+    kept, used = [], 0
+    for item in items:
+        if used + item.tokens > limit_tokens:
+            break
+        kept.append(item)
+        used += item.tokens
+    return kept
 
 
 def held_key(plan: WarmPlanIssued, item: WarmItem) -> HeldKey:
@@ -205,8 +220,13 @@ class ReplicaTracker:
         self._planned = True
         return Decision(True, f"accepted; {stale} items of an older epoch left out" if stale else "accepted")
 
-    def next_run(self) -> RunOrder | None:
-        """The next accepted plan to run, once the engine answers and nothing else runs for it."""
+    def next_run(self, fill_limit_tokens: int | None = None) -> RunOrder | None:
+        """The next accepted plan to run, once the engine answers and nothing else runs for it.
+
+        With `fill_limit_tokens` (a share of the engine's KV cache), the plan's items (most valuable
+        first) are cut where their tokens would pass it: a warm set larger than the cache evicts its own
+        beginning. What is cut is `left_out` and does not count against readiness.
+        """
         if self.running is not None or not self._pending:
             return None
         if self.phase not in (Phase.LOADING, Phase.WARMING, Phase.READY):
@@ -214,11 +234,13 @@ class ReplicaTracker:
         plan = self._pending.popleft()
         self.running = plan
         todo = [item for item in plan.items if held_key(plan, item) not in self.held]
+        held = len(plan.items) - len(todo)
+        kept = _within(todo, fill_limit_tokens)
         transitions = []
         if self.phase is Phase.LOADING:
             transitions.append(self._to(Phase.WARMING, f"warming plan {plan.plan_id}", ready=False))
         concurrency = self.policy.ready_concurrency if self.ready else self.policy.concurrency
-        return RunOrder(plan, todo, len(plan.items) - len(todo), concurrency, transitions)
+        return RunOrder(plan, kept, held, concurrency, transitions, left_out=len(todo) - len(kept))
 
     def finished(self, outcome: Outcome, now: datetime) -> list[Transition]:
         """A run ended. Ready if it verified enough; otherwise wait for its deadline (`tick`)."""
