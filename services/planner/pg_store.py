@@ -82,7 +82,7 @@ PLAN_FINISHED = """
 UPDATE warm_plans
 SET state = $2, items_done = $3, tokens_prefilled = $4, verified_hits = $5, failures = $6::jsonb,
     finished_at = $7
-WHERE plan_id = $1
+WHERE plan_id = $1 AND finished_at IS NULL
 """
 
 
@@ -302,7 +302,9 @@ class PgIngestStore:
     async def _record_result(
         self, connection: asyncpg.Connection, result: WarmProgressed | WarmFinished
     ) -> None:
-        """Move the plan's row: `warming` while it progresses, then its outcome (module doc of 0004)."""
+        """Move the plan's row: `warming` while it progresses, then its outcome (module doc of 0004). The
+        first outcome stands: a later one (a warmer reading old plans again and refusing them as
+        expired) does not overwrite it."""
         if isinstance(result, WarmProgressed):
             await connection.execute(
                 PLAN_PROGRESSED, result.plan_id, result.items_done, result.tokens_prefilled

@@ -27,6 +27,7 @@ from warmplane.shared.events import (
     PrefixPayload,
     ReplicaStarted,
     ReplicaWeightsLoaded,
+    WarmFinished,
     WarmItem,
     WarmPlanIssued,
 )
@@ -261,3 +262,49 @@ async def test_the_store_finds_unpublished_plans_and_unplanned_starts(migrated_d
         assert await store.unpublished(issued_before=later, alive_at=now) == []
     finally:
         await pool.close()
+
+
+async def test_a_plans_first_outcome_stands(planner_settings: PlannerSettings) -> None:
+    pool = await asyncpg.create_pool(planner_settings.postgres.asyncpg_dsn(), min_size=1, max_size=2)
+    try:
+        now = datetime.now(UTC)
+        plan = WarmPlanIssued(
+            event_id=(plan_id := new_event_id()),
+            occurred_at=now,
+            producer="planner",
+            model=MODEL,
+            plan_id=plan_id,
+            replica="r-1",
+            node="node-1",
+            epoch=0,
+            items=[WarmItem(1, 100, payload(1), "acme", epoch=0)],
+            budget_tokens=100,
+            deadline=now + timedelta(minutes=2),
+        )
+        assert await PgPlanStore(pool).record(plan, new_event_id())
+
+        def finished(verified: int, failures: list[str]) -> WarmFinished:
+            return WarmFinished(
+                event_id=new_event_id(), occurred_at=datetime.now(UTC), producer="warmer/node-1", model=MODEL,
+                plan_id=plan_id, replica="r-1", items_done=1, tokens_prefilled=100, verified_hits=verified,
+                failures=failures, partial=bool(failures),
+            )  # fmt: skip
+
+        # The warm verified; later a warmer reading old plans again refuses it as expired.
+        await produce(planner_settings.kafka, [finished(1, []), finished(0, ["refused: expired"])])
+        async with running_planner(planner_settings) as planner:
+            await poll_until(
+                lambda: _counted(planner.metrics, "warm.finished", 2),
+                timeout_s=_TIMEOUT_S,
+                what="both results",
+            )
+        row = await pool.fetchrow(
+            "SELECT state, verified_hits, failures FROM warm_plans WHERE plan_id = $1", plan_id
+        )
+        assert (row["state"], row["verified_hits"], row["failures"]) == ("verified", 1, "[]")
+    finally:
+        await pool.close()
+
+
+async def _counted(metrics: PlannerMetrics, event_type: str, count: int) -> bool:
+    return metrics.events_ingested(event_type) >= count
