@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 
+from warmplane.services.gateway.metrics import GatewayMetrics
 from warmplane.services.gateway.settings import GatewaySettings
+from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.settings import PlannerSettings
+from warmplane.services.warmer.metrics import WarmerMetrics
 from warmplane.services.warmer.settings import WarmerSettings
 from warmplane.shared.settings import load_settings
 
@@ -140,3 +146,40 @@ def test_the_planner_starts_from_its_config_and_the_migrations_run_as_a_job(
     settings = load_settings(PlannerSettings)
     assert settings.kafka.replication_factor == 3
     assert {"name": "metrics", "containerPort": settings.metrics_port} in planner["ports"]
+
+
+def _exported_series() -> set[str]:
+    """Every series name the services' registries expose (counters as `_total`, histograms' parts)."""
+    registry = CollectorRegistry()
+    PlannerMetrics(registry)
+    WarmerMetrics(registry)
+    GatewayMetrics(registry)
+    names: set[str] = set()
+    for metric in registry.collect():
+        names.add(metric.name)
+        suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created")}
+        names.update(metric.name + suffix for suffix in suffixes.get(metric.type, ()))
+    return names
+
+
+def test_alert_rules_and_the_dashboard_use_only_metrics_the_services_export() -> None:
+    rules = yaml.safe_load((ROOT / "infra" / "prometheus" / "warmplane-rules.yml").read_text())
+    expressions = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    assert {rule["alert"] for group in rules["groups"] for rule in group["rules"]} >= {
+        "WarmplaneColdStartRatioHigh",
+        "WarmplaneWarmFailures",
+        "WarmplanePlanDeadlineMissed",
+        "WarmplaneWarmerSilent",
+        "WarmplanePlannerConsumerLag",
+    }
+    dashboard = json.loads((ROOT / "infra" / "grafana" / "warmplane-overview.json").read_text())
+    expressions += [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    used = {name for expression in expressions for name in re.findall(r"\bwarmplane_[a-z_]+", expression)}
+    assert used, "no Warmplane metric is used"
+    assert used <= _exported_series(), f"not exported: {sorted(used - _exported_series())}"
+
+
+def test_the_cold_start_alert_is_the_seed_documents_rule() -> None:
+    rules = yaml.safe_load((ROOT / "infra" / "prometheus" / "warmplane-rules.yml").read_text())
+    [cold] = [r for g in rules["groups"] for r in g["rules"] if r["alert"] == "WarmplaneColdStartRatioHigh"]
+    assert cold["for"] == "5m" and cold["expr"].strip().endswith("> 0.3")
