@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from warmplane.services.planner.app import Planner, build_planner
 from warmplane.services.planner.settings import PlannerSettings
@@ -113,3 +113,27 @@ def start_planner_process(settings: PlannerSettings, log_path: Path) -> subproce
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+_READ_TIMEOUT_S = 30.0
+
+
+async def read_topic(kafka: KafkaSettings, topic: str) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every record of `topic` up to its current end, read without a group."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
+    await asyncio.wait_for(consumer.start(), _READ_TIMEOUT_S)
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(kafka.partitions)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning()
+        ends = await consumer.end_offsets(partitions)
+        records: list[ConsumerRecord[bytes, bytes]] = []
+        deadline = time.monotonic() + _READ_TIMEOUT_S
+        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out reading {topic} with {len(records)} records read")
+            for batch in (await consumer.getmany(timeout_ms=200)).values():
+                records.extend(batch)
+        return records
+    finally:
+        await consumer.stop()

@@ -32,8 +32,7 @@ from tests.integration.gateway_harness import (
     vllm_requests,
     wait_ready,
 )
-from tests.integration.planner_harness import poll_until, produce
-from tests.integration.test_planner_plans import read_topic
+from tests.integration.planner_harness import poll_until, produce, read_topic
 from warmplane.services.gateway.service import Gateway
 from warmplane.shared.cache_salt import derive_cache_salt
 from warmplane.shared.codec import EventCodec

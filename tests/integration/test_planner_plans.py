@@ -3,18 +3,15 @@ catalogued prefixes, keyed by its node; a redelivered `replica.started` gets non
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import msgspec
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client import CollectorRegistry
 
-from tests.integration.planner_harness import MODEL, poll_until, produce, request, running_planner
+from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, request, running_planner
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.plans import PlanIssuer
@@ -31,7 +28,6 @@ from warmplane.shared.events import (
     WarmItem,
     WarmPlanIssued,
 )
-from warmplane.shared.settings import KafkaSettings
 from warmplane.shared.topics import Topics
 
 _TIMEOUT_S = 30.0
@@ -68,27 +64,6 @@ def started(replica: str, node: str) -> ReplicaStarted:
         node=node,
         epoch=3,
     )
-
-
-async def read_topic(kafka: KafkaSettings, topic: str) -> list[ConsumerRecord[bytes, bytes]]:
-    """Every record of `topic` up to its current end, read without a group."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False)
-    await asyncio.wait_for(consumer.start(), _TIMEOUT_S)
-    try:
-        partitions = [TopicPartition(topic, p) for p in range(kafka.partitions)]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning()
-        ends = await consumer.end_offsets(partitions)
-        records: list[ConsumerRecord[bytes, bytes]] = []
-        deadline = time.monotonic() + _TIMEOUT_S
-        while [tp for tp in partitions if await consumer.position(tp) < ends[tp]]:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out reading {topic} with {len(records)} records read")
-            for batch in (await consumer.getmany(timeout_ms=200)).values():
-                records.extend(batch)
-        return records
-    finally:
-        await consumer.stop()
 
 
 async def test_a_starting_replica_gets_one_plan_of_the_most_requested_prefixes(
@@ -213,6 +188,25 @@ async def _equals(db: asyncpg.Connection, query: str, value: object) -> bool:
     return bool(await db.fetchval(query) == value)
 
 
+def one_item_plan(replica: str, node: str, now: datetime, trigger: uuid.UUID | None = None) -> WarmPlanIssued:
+    """A plan of one catalogued prefix, issued at `now` with two minutes to run."""
+    plan_id = new_event_id()
+    return WarmPlanIssued(
+        event_id=plan_id,
+        occurred_at=now,
+        producer="planner",
+        model=MODEL,
+        plan_id=plan_id,
+        replica=replica,
+        node=node,
+        epoch=0,
+        items=[WarmItem(1, 100, payload(1), "acme", epoch=0)],
+        budget_tokens=100,
+        deadline=now + timedelta(minutes=2),
+        trigger_event_id=trigger,
+    )
+
+
 async def test_the_store_finds_unpublished_plans_and_unplanned_starts(migrated_database: str) -> None:
     pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
     try:
@@ -239,20 +233,7 @@ async def test_the_store_finds_unpublished_plans_and_unplanned_starts(migrated_d
         )
         assert await store.unplanned_starts(since=now - timedelta(minutes=5), before=start.occurred_at) == []
 
-        plan = WarmPlanIssued(
-            event_id=(plan_id := new_event_id()),
-            occurred_at=now,
-            producer="planner",
-            model=MODEL,
-            plan_id=plan_id,
-            replica="r-late",
-            node="node-3",
-            epoch=0,
-            items=[WarmItem(1, 100, payload(1), "acme", epoch=0)],
-            budget_tokens=100,
-            deadline=now + timedelta(minutes=2),
-            trigger_event_id=start.event_id,
-        )
+        plan = one_item_plan("r-late", "node-3", now, trigger=start.event_id)
         assert await store.record(plan, start.event_id)
         assert await store.unplanned_starts(**window) == []  # planned now
         later = now + timedelta(seconds=1)
@@ -268,19 +249,8 @@ async def test_a_plans_first_outcome_stands(planner_settings: PlannerSettings) -
     pool = await asyncpg.create_pool(planner_settings.postgres.asyncpg_dsn(), min_size=1, max_size=2)
     try:
         now = datetime.now(UTC)
-        plan = WarmPlanIssued(
-            event_id=(plan_id := new_event_id()),
-            occurred_at=now,
-            producer="planner",
-            model=MODEL,
-            plan_id=plan_id,
-            replica="r-1",
-            node="node-1",
-            epoch=0,
-            items=[WarmItem(1, 100, payload(1), "acme", epoch=0)],
-            budget_tokens=100,
-            deadline=now + timedelta(minutes=2),
-        )
+        plan = one_item_plan("r-1", "node-1", now)
+        plan_id = plan.plan_id
         assert await PgPlanStore(pool).record(plan, new_event_id())
 
         def finished(verified: int, failures: list[str]) -> WarmFinished:

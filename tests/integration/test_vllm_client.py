@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.integration.warmer_harness import real_chat
 from warmplane.services.warmer.vllm_client import VllmEngineClient, WarmFailed
 from warmplane.shared.cache_salt import derive_cache_salt
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, MAX_MODEL_LEN, EmbeddedVllm
@@ -65,16 +66,6 @@ async def client(vllm_engine: EmbeddedVllm) -> AsyncIterator[VllmEngineClient]:
         yield engine_client
 
 
-async def _real_chat(engine: EmbeddedVllm, messages: list[Message], cache_salt: str) -> dict[str, Any]:
-    """A normal chat request, as real traffic sends it (generation prompt added); its usage."""
-    body = {"model": engine.model_name, "messages": messages, "max_tokens": 1, "cache_salt": cache_salt}
-    async with httpx.AsyncClient(base_url=engine.base_url, timeout=_TIMEOUT) as http:
-        response = await http.post("/v1/chat/completions", json=body)
-    assert response.status_code == 200, response.text
-    usage: dict[str, Any] = response.json()["usage"]
-    return usage
-
-
 async def _tokenize(engine: EmbeddedVllm, **request: Any) -> list[int]:
     async with httpx.AsyncClient(base_url=engine.base_url, timeout=_TIMEOUT) as http:
         response = await http.post("/tokenize", json={"model": engine.model_name, **request})
@@ -106,7 +97,7 @@ async def test_warmed_conversation_is_reused_by_the_next_real_turn(
     assert probed == client.expected_cached_tokens(warmed.prompt_tokens) > 0
 
     real_turn = [*conversation, {"role": "user", "content": _words(rng, 20)}]
-    usage = await _real_chat(vllm_engine, real_turn, salt)
+    usage = await real_chat(vllm_engine, real_turn, salt)
     warm_ids = await client.tokenize(payload)
     real_ids = await _tokenize(vllm_engine, messages=real_turn, add_generation_prompt=True)
     assert len(warm_ids) == warmed.prompt_tokens
@@ -126,9 +117,9 @@ async def test_another_tenants_salt_finds_nothing(
     warmed = await client.warm(payload, cache_salt=_salt("tenant-a", vllm_engine, secret))
     real_turn = [*conversation, {"role": "user", "content": _words(rng, 20)}]
 
-    other_tenant = await _real_chat(vllm_engine, real_turn, _salt("tenant-b", vllm_engine, secret))
-    next_epoch = await _real_chat(vllm_engine, real_turn, _salt("tenant-a", vllm_engine, secret, epoch=2))
-    same_tenant = await _real_chat(vllm_engine, real_turn, _salt("tenant-a", vllm_engine, secret))
+    other_tenant = await real_chat(vllm_engine, real_turn, _salt("tenant-b", vllm_engine, secret))
+    next_epoch = await real_chat(vllm_engine, real_turn, _salt("tenant-a", vllm_engine, secret, epoch=2))
+    same_tenant = await real_chat(vllm_engine, real_turn, _salt("tenant-a", vllm_engine, secret))
     assert _cached(other_tenant) == 0
     assert _cached(next_epoch) == 0
     assert _cached(same_tenant) == BLOCK_SIZE * (warmed.prompt_tokens // BLOCK_SIZE)
@@ -156,7 +147,7 @@ async def test_chat_rendered_token_ids_warm_the_chat_path(
 
     warmed = await client.warm(PrefixPayload(prefix_id=1, prompt=token_ids), cache_salt=salt)
     real_turn = [*conversation, {"role": "user", "content": _words(rng, 20)}]
-    usage = await _real_chat(vllm_engine, real_turn, salt)
+    usage = await real_chat(vllm_engine, real_turn, salt)
     assert _cached(usage) == BLOCK_SIZE * (warmed.prompt_tokens // BLOCK_SIZE) > 0
 
 

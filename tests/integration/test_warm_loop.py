@@ -18,8 +18,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tests.integration.planner_harness import MODEL, poll_until, produce, running_planner
-from tests.integration.test_planner_plans import read_topic
+from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, running_planner
 from tests.integration.warmer_harness import (
     conversation,
     conversation_traffic,

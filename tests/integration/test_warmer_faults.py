@@ -7,8 +7,7 @@ import random
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from tests.integration.planner_harness import MODEL, poll_until, produce
-from tests.integration.test_planner_plans import read_topic
+from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic
 from tests.integration.warmer_harness import (
     conversation,
     ready_status,
