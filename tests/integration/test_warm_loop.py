@@ -160,6 +160,10 @@ async def test_a_starting_replica_is_warmed_verified_and_only_then_ready(
     lifecycle = [e for e in await _events(kafka, topics.lifecycle) if isinstance(e, ReplicaEvent)]
     assert [type(e).STATE for e in lifecycle] == ["starting", "loading", "warming", "ready"]
     assert (plan.trigger_event_id, replan.trigger_event_id) == (lifecycle[0].event_id, None)
+    # From the weights loaded on, the lifecycle says how many tokens the engine's prefix cache holds.
+    assert lifecycle[0].kv_capacity_tokens is None
+    capacity = lifecycle[1].kv_capacity_tokens
+    assert capacity is not None and capacity > 0 and capacity % BLOCK_SIZE == 0
     finished = [e for e in await _events(kafka, topics.warm_results) if isinstance(e, WarmFinished)]
     assert [(f.plan_id, f.verified_hits, f.failures) for f in finished] == [
         (plan.plan_id, 4, []),

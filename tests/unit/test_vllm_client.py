@@ -106,3 +106,26 @@ async def test_token_ids_tokenize_without_a_request() -> None:
 
     async with _client(handler) as client:
         assert await client.tokenize(PrefixPayload(prefix_id=1, prompt=[1, 2])) == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("metrics", "capacity"),
+    [
+        (
+            '# HELP vllm:cache_config_info x\nvllm:cache_config_info{block_size="32",cache_dtype="auto",'
+            'num_gpu_blocks="2048",enable_prefix_caching="True"} 1.0\n',
+            2047 * 32,  # vLLM keeps one block back
+        ),
+        ("vllm:num_requests_running 0.0\n", None),  # an engine whose metrics do not say
+    ],
+)
+async def test_kv_capacity_is_read_from_the_cache_config_gauge(metrics: str, capacity: int | None) -> None:
+    client = _client(lambda request: httpx.Response(200, text=metrics))
+    assert await client.kv_capacity_tokens() == capacity
+
+
+async def test_an_unreachable_engine_has_no_known_kv_capacity() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    assert await _client(refuse).kv_capacity_tokens() is None
