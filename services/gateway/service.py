@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from types import TracebackType
 from typing import Self
 
 import httpx
-import uvicorn
 
 from warmplane.services.gateway.app import GatewayParts, bootstrap
 from warmplane.services.gateway.lifecycle_follower import LifecycleFollower
@@ -24,6 +22,7 @@ from warmplane.services.gateway.membership import Membership, Replica, ReplicaTa
 from warmplane.services.gateway.observations import EventSink
 from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.gateway.tenants import EpochBook
+from warmplane.shared.asgi_server import AsgiServer
 from warmplane.shared.emitter import Emitter
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.topics import Topics
@@ -47,18 +46,15 @@ class Gateway:
         self.settings = settings
         self._sink = sink
         self._stack = contextlib.AsyncExitStack()
-        self._socket: socket.socket | None = None
-        self._server: uvicorn.Server | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._http: AsgiServer | None = None
         self.parts: GatewayParts | None = None
         self.follower: LifecycleFollower | None = None
 
     @property
     def port(self) -> int:
-        if self._socket is None:
+        if self._http is None:
             raise RuntimeError("the gateway is not started")
-        port: int = self._socket.getsockname()[1]
-        return port
+        return self._http.port
 
     @property
     def url(self) -> str:
@@ -123,29 +119,13 @@ class Gateway:
 
     async def _serve(self, parts: GatewayParts) -> None:
         options = self.settings.gateway
-        family = socket.AF_INET6 if ":" in options.http_host else socket.AF_INET
-        # proto=IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on accepted sockets whose
-        # proto says TCP, and without it Nagle holds each response's body behind its headers for a
-        # delayed ACK (measured: 44 ms on every request).
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((options.http_host, options.http_port))
-        self._socket = sock
-        config = uvicorn.Config(parts.app, log_level="warning", access_log=False, lifespan="off")
-        server = self._server = uvicorn.Server(config)
-        task = self._task = asyncio.create_task(server.serve(sockets=[sock]), name="gateway http")
-        while not server.started:
-            if task.done():
-                await task
-                raise RuntimeError("the gateway's HTTP server stopped while starting")
-            await asyncio.sleep(0.01)
+        self._http = AsgiServer(
+            parts.app, options.http_host, options.http_port, name="gateway", stop_timeout_s=_STOP_TIMEOUT_S
+        )
+        await self._http.start()
 
     async def stop(self) -> None:
         """Stop taking requests (in-flight ones finish within a bound), then close the rest."""
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(self._task, _STOP_TIMEOUT_S)
-        if self._socket is not None:
-            self._socket.close()
+        if self._http is not None:
+            await self._http.stop()
         await self._stack.aclose()
