@@ -6,6 +6,7 @@ warmplane planner                         run the planner from WARMPLANE_* setti
 warmplane warmer                          run one node's warmer from WARMPLANE_* settings
 warmplane gateway                         run the OpenAI-compatible gateway from WARMPLANE_* settings
 warmplane api                             run the query API from WARMPLANE_* settings
+warmplane replay TRACE --tenant T --model M   publish a recorded trace as request events
 
 Over the API (WARMPLANE_API_URL, WARMPLANE_API_TOKEN; `--json` for scripts):
 warmplane replicas | replica R | plans | epochs | misses | traffic | warm-sets --model M
@@ -52,6 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("warmer", help="run one node's warmer from WARMPLANE_* settings")
     commands.add_parser("gateway", help="run the OpenAI-compatible gateway from WARMPLANE_* settings")
     commands.add_parser("api", help="run the query API from WARMPLANE_* settings")
+    replay = commands.add_parser(
+        "replay", help="publish a recorded trace (Mooncake JSONL) as request events to WARMPLANE_KAFKA__*"
+    )
+    replay.add_argument("trace", type=Path)
+    replay.add_argument("--tenant", required=True)
+    replay.add_argument("--model", required=True, help="the served model name the events carry")
+    replay.add_argument("--revision", default="", help="the model's weights revision")
+    replay.add_argument("--limit", type=int, default=None, help="only the first N requests")
+    replay.add_argument("--block-tokens", type=int, default=512, help="tokens per hash id (512: Mooncake)")
     api_commands.add_commands(commands)
     args = parser.parse_args(argv)
 
@@ -64,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         migrate.upgrade(settings.postgres.sqlalchemy_url())
         print("database is at the newest schema")
         return 0
+    if args.command == "replay":
+        return _replay(args)
     if args.command in api_commands.HANDLERS:
         client = ApiClient(load_settings(ApiClientSettings))
         try:
@@ -74,6 +86,22 @@ def main(argv: list[str] | None = None) -> int:
     service = importlib.import_module(f"warmplane.services.{args.command}.__main__")
     service.main()
     return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from warmplane.services.cli.replay import ReplayOptions, replay  # noqa: PLC0415 - see above
+    from warmplane.shared.events import ModelRef  # noqa: PLC0415
+
+    kafka = load_settings(WarmplaneSettings).kafka
+    model = ModelRef(args.model, args.revision)
+    options = ReplayOptions(args.trace, args.tenant, model, args.limit, args.block_tokens)
+    try:
+        return asyncio.run(replay(options, kafka, sys.stdout))
+    except FileNotFoundError as exc:
+        print(f"warmplane replay: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 def _up(args: argparse.Namespace) -> int:
