@@ -14,14 +14,13 @@ import logging
 from types import TracebackType
 from typing import Self
 
-import httpx
-
 from warmplane.services.gateway.app import GatewayParts, bootstrap
 from warmplane.services.gateway.lifecycle_follower import LifecycleFollower
 from warmplane.services.gateway.membership import Membership, Replica, ReplicaTable, static_membership
 from warmplane.services.gateway.observations import EventSink
 from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.gateway.tenants import EpochBook
+from warmplane.services.gateway.upstream import AiohttpUpstream
 from warmplane.shared.asgi_server import AsgiServer
 from warmplane.shared.emitter import Emitter
 from warmplane.shared.kafka_admin import ensure_topics
@@ -31,12 +30,14 @@ log = logging.getLogger(__name__)
 _STOP_TIMEOUT_S = 5.0
 
 
-def upstream_client(settings: GatewaySettings) -> httpx.AsyncClient:
+def upstream_client(settings: GatewaySettings) -> AiohttpUpstream:
     """Pooled HTTP/1.1 connections to the replicas; every phase of a call has a timeout."""
     options = settings.gateway
-    timeout = httpx.Timeout(options.read_timeout_s, connect=options.connect_timeout_s, pool=None)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    return httpx.AsyncClient(timeout=timeout, limits=limits)
+    return AiohttpUpstream(
+        connect_timeout_s=options.connect_timeout_s,
+        read_timeout_s=options.read_timeout_s,
+        keepalive_s=options.keepalive_s,
+    )
 
 
 class Gateway:
@@ -88,7 +89,7 @@ class Gateway:
         epochs = EpochBook()
         membership = await self._membership(topics, epochs)
         client = upstream_client(settings)
-        self._stack.push_async_callback(client.aclose)
+        self._stack.push_async_callback(client.close)
         self.parts = bootstrap(settings, membership=membership, sink=sink, client=client, epochs=epochs)
         await self._serve(self.parts)
 

@@ -54,6 +54,9 @@ class GatewayOptions(BaseModel):
     connect_timeout_s: Seconds = 2.0
     read_timeout_s: Seconds = 600.0
     """Longest silence from a replica: before its answer (non-streaming) or between two chunks."""
+    keepalive_s: Seconds = 4.0
+    """How long an idle connection to a replica is kept for reuse: under the replica's own idle
+    timeout (vLLM's is 5 s), so no request meets a connection the replica is closing."""
     block_size: Annotated[int, Field(ge=1, le=1024)] = 16
     """The replicas' KV block size in tokens: the leading prefix is resident if its full blocks hit."""
     priority: int = 0
