@@ -18,6 +18,7 @@ from warmplane.services.gateway.app import GatewayParts, bootstrap
 from warmplane.services.gateway.lifecycle_follower import LifecycleFollower
 from warmplane.services.gateway.membership import Membership, Replica, ReplicaTable, static_membership
 from warmplane.services.gateway.observations import EventSink
+from warmplane.services.gateway.registry import seed_from_registry
 from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.gateway.tenants import EpochBook
 from warmplane.services.gateway.upstream import AiohttpUpstream
@@ -101,8 +102,14 @@ class Gateway:
                 for r in settings.static_replicas
             )
         table = ReplicaTable()
-        await ensure_topics(settings.kafka, (topics.lifecycle,))
         options = settings.gateway
+        if options.registry_seed:
+            seeded = await seed_from_registry(
+                settings.postgres, table, epochs, timeout_s=options.registry_timeout_s
+            )
+            if seeded is not None:
+                log.info("from the registry: %d replicas, %d epochs", *seeded)
+        await ensure_topics(settings.kafka, (topics.lifecycle,))
         group = f"{options.group_id_prefix}-{options.instance}"
         follower = self.follower = LifecycleFollower(settings.kafka, topics.lifecycle, group, table, epochs)
         await follower.start()

@@ -68,6 +68,10 @@ class GatewayOptions(BaseModel):
     group_id_prefix: Name = "warmplane-gateway"
     catch_up_timeout_s: Seconds = 30.0
     """At start, how long to wait for the lifecycle topic to be read to its end before serving."""
+    registry_seed: bool = True
+    """At start, read ready replicas and epochs from the planner's Postgres (`WARMPLANE_POSTGRES__URL`)
+    before the lifecycle topic, which keeps events only for its retention."""
+    registry_timeout_s: Seconds = 10.0
 
 
 class GatewaySettings(WarmplaneSettings):
