@@ -23,6 +23,7 @@ from warmplane.services.planner.core.simple_plan import NodeKey
 from warmplane.services.planner.policy import (
     LeafCount,
     PolicyKnobs,
+    PrefixTrie,
     RingSpec,
     StoredPrefix,
     WarmBudget,
@@ -124,6 +125,38 @@ class WarmSetChooser:
         """Each of `replicas`' items for `model`: of `tenant`'s prefixes only if given, each at its tenant's
         current epoch (at least `epoch` for `tenant`). Raises what the store raises."""
         now = self._clock()
+        view = await self._read(model, tenant, epoch, now)
+        chosen: dict[str, tuple[list[int], int]] = {}
+        for replica in replicas:
+            resident = {
+                held.prefix_id
+                for held in await self._store.held(replica)
+                if held.epoch == view.epochs.get(held.tenant, 0)
+            }
+            blocks, limit = choose_for_replica(
+                view.trie,
+                now.timestamp(),
+                replica=replica,
+                members=[r.replica for r in view.live],
+                ring=self._ring,
+                budget=self._budget,
+                kv_capacity_tokens=_capacity(replica, view.live),
+                knobs=self._knobs,
+                resident=resident,
+                renderable=view.renderable,
+                max_items=self._settings.max_items,
+            )
+            chosen[replica] = ([b.prefix_id for b in blocks if b.prefix_id in view.renderable], limit)
+        payloads = await self._store.payloads(
+            sorted({(view.scope_of[p], p) for ids, _ in chosen.values() for p in ids})
+        )
+        return {
+            replica: Choice(fit_items(view.items(ids, payloads), self._max_item_bytes), limit)
+            for replica, (ids, limit) in chosen.items()
+        }
+
+    async def _read(self, model: str, tenant: str | None, epoch: int, now: datetime) -> _ModelView:
+        """What every replica's choice shares: the trie at `now`, scopes, epochs, live replicas."""
         since = now - timedelta(hours=self._settings.window_hours)
         stats = await self._store.statistics(model, int(since.timestamp()) // self._bucket_seconds)
         names = await self._store.scope_names(sorted({scope for scope, _ in stats.prefixes}))
@@ -146,49 +179,33 @@ class WarmSetChooser:
             epochs[tenant] = max(epochs.get(tenant, 0), epoch)
         live = [r for r in await self._store.live_replicas(model) if r.state in LIVE_STATES]
         renderable = {prefix for prefix, scope in scope_of.items() if (scope, prefix) in stats.catalogued}
-        chosen: dict[str, tuple[list[int], int]] = {}
-        for replica in replicas:
-            resident = {
-                held.prefix_id
-                for held in await self._store.held(replica)
-                if held.epoch == epochs.get(held.tenant, 0)
-            }
-            blocks, limit = choose_for_replica(
-                trie,
-                now.timestamp(),
-                replica=replica,
-                members=[r.replica for r in live],
-                ring=self._ring,
-                budget=self._budget,
-                kv_capacity_tokens=_capacity(replica, live),
-                knobs=self._knobs,
-                resident=resident,
-                renderable=renderable,
-                max_items=self._settings.max_items,
-            )
-            chosen[replica] = ([b.prefix_id for b in blocks if b.prefix_id in renderable], limit)
-        wanted = sorted({(scope_of[p], p) for ids, _ in chosen.values() for p in ids})
-        payloads = await self._store.payloads(wanted)
-        choices = {}
-        for replica, (ids, limit) in chosen.items():
-            items = []
-            for prefix in ids:
-                key = (scope_of[prefix], prefix)
-                node = trie.node(prefix)
-                if key in payloads and key[0] in names and node is not None:
-                    item_tenant, prompt_rev = names[key[0]]
-                    items.append(
-                        WarmItem(
-                            prefix,
-                            node.tokens,
-                            payloads[key],
-                            item_tenant,
-                            prompt_rev,
-                            epochs.get(item_tenant, 0),
-                        )
-                    )
-            choices[replica] = Choice(fit_items(items, self._max_item_bytes), limit)
-        return choices
+        return _ModelView(trie, scope_of, names, epochs, live, renderable)
+
+
+@dataclass(frozen=True, slots=True)
+class _ModelView:
+    """One model's state for one round of choices."""
+
+    trie: PrefixTrie
+    scope_of: dict[int, int]
+    names: dict[int, tuple[str, str]]
+    epochs: dict[str, int]
+    live: list[LiveReplica]
+    renderable: set[int]
+
+    def items(self, prefixes: Sequence[int], payloads: dict[NodeKey, PrefixPayload]) -> list[WarmItem]:
+        """The plan items of `prefixes`, in order; one whose payload is gone (swept) is left out."""
+        items = []
+        for prefix in prefixes:
+            scope = self.scope_of[prefix]
+            node = self.trie.node(prefix)
+            if (scope, prefix) in payloads and scope in self.names and node is not None:
+                tenant, prompt_rev = self.names[scope]
+                payload = payloads[(scope, prefix)]
+                items.append(
+                    WarmItem(prefix, node.tokens, payload, tenant, prompt_rev, self.epochs.get(tenant, 0))
+                )
+        return items
 
 
 def _scopes_by_prefix(
