@@ -117,15 +117,21 @@ class FleetReactor:
             models.add(model)
         for model in sorted(models):
             verdict = self.monitor.judge(model)
-            if verdict is not None:
-                await self._guarded(self._alarm(verdict), f"the cold-start alarm of {model}")
+            if verdict is None:
+                continue
+            done = await self._guarded(self._alarm(verdict), f"the cold-start alarm of {model}")
+            if not done and verdict.kind == "fired":
+                self.monitor.rearm(model)  # not recorded: the next batch judges it again
 
-    async def _guarded(self, reaction: Awaitable[None], what: str) -> None:
+    async def _guarded(self, reaction: Awaitable[None], what: str) -> bool:
+        """Await `reaction`; False (logged and counted) if it raised."""
         try:
             await reaction
         except Exception:  # a reaction must not stop ingestion (module doc)
             self._metrics.plan_failures.inc()
             log.exception("could not react to %s", what)
+            return False
+        return True
 
     async def _react(self, change: Event) -> None:
         if isinstance(change, EpochBumped):

@@ -227,3 +227,19 @@ def test_a_cold_start_alarm_is_recorded_counted_and_re_plans_once_per_episode() 
     asyncio.run(reactor.after_commit(cold_batch(BUCKET + 6, 20, 1)))
     asyncio.run(reactor.after_commit(cold_batch(BUCKET + 7, 20, 1)))
     assert alarm["cleared_at"] == NOW
+
+
+def test_an_alarm_that_could_not_be_recorded_fires_again_on_the_next_batch() -> None:
+    _store, fleet_store, published, metrics, reactor = fleet()
+    working = fleet_store.open_alarm
+
+    async def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError("connection reset")
+
+    fleet_store.open_alarm = refuse  # type: ignore[method-assign]
+    for bucket in range(BUCKET - 6, BUCKET):
+        asyncio.run(reactor.after_commit(cold_batch(bucket, 20, 15)))
+    assert fleet_store.alarms == [] and metrics.plan_failures._value.get() == 1
+    fleet_store.open_alarm = working  # type: ignore[method-assign]
+    asyncio.run(reactor.after_commit(cold_batch(BUCKET, 20, 15)))
+    assert len(fleet_store.alarms) == 1 and len(published.plans) == 1

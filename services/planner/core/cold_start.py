@@ -63,6 +63,10 @@ class ColdStartMonitor:
     def firing(self, model: str) -> bool:
         return model in self._firing
 
+    def rearm(self, model: str) -> None:
+        """Forget that `model`'s alarm fired (its firing could not be recorded): it may fire again."""
+        self._firing.discard(model)
+
     def observe(self, model: str, bucket: int, requests: int, cold_requests: int) -> None:
         """Add counts of `model` in `bucket`. Counts for a bucket older than the ones kept are dropped:
         they can no longer change a verdict."""
