@@ -36,7 +36,13 @@ from warmplane.services.cli.up_fleet import (
 )
 from warmplane.services.planner.app import Planner, build_planner
 from warmplane.services.planner.gc_tuning import tune_for_batches
-from warmplane.services.planner.settings import IngestSettings, PlannerSettings, PlanSettings, RingSettings
+from warmplane.services.planner.settings import (
+    ColdStartSettings,
+    IngestSettings,
+    PlannerSettings,
+    PlanSettings,
+    RingSettings,
+)
 from warmplane.shared import migrate
 from warmplane.shared.embedded import EmbeddedStack
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE
@@ -98,6 +104,9 @@ async def run_up(options: UpOptions, out: TextIO) -> None:
             ingest=IngestSettings(),
             plans=PlanSettings(window_hours=PLAN_WINDOW_MINUTES / 60),
             routing=RingSettings(depth=ROUTING_DEPTH),
+            # The replayed trace has no cache figures (every request looks cold), and replica-0 is the
+            # job's cold reference: an alarm would warm it.
+            cold_start=ColdStartSettings(enabled=False),
             metrics_port=0,
         )
         tune_for_batches()

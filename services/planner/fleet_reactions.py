@@ -99,6 +99,7 @@ class FleetReactor:
         self._bucket_seconds = bucket_seconds
         self._metrics = metrics
         self._clock = clock
+        self._watch_cold_starts = cold_start.enabled
         sustain = max(1, round(cold_start.sustain_s / bucket_seconds))
         self.monitor = ColdStartMonitor(
             ColdStartRule(cold_start.alarm_ratio, cold_start.clear_ratio, sustain, cold_start.min_requests)
@@ -111,6 +112,10 @@ class FleetReactor:
             await self._issuer.issue_all(starts)
         for change in batch.fleet_changes:
             await self._guarded(self._react(change), f"{type(change).__name__} {change.event_id}")
+        if self._watch_cold_starts:
+            await self._judge_cold_starts(batch)
+
+    async def _judge_cold_starts(self, batch: IngestBatch) -> None:
         models = set()
         for model, bucket, requests, cold in model_bucket_counts(batch.request_counts):
             self.monitor.observe(model, bucket, requests, cold)

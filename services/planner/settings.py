@@ -83,6 +83,7 @@ class ColdStartSettings(BaseModel):
     """The cold-start alarm: a model whose requests find no cached prefix too often has its live replicas'
     warm sets planned again. Judged on event time, per statistics bucket."""
 
+    enabled: bool = True
     alarm_ratio: Annotated[float, Field(gt=0, le=1)] = 0.3
     """A bucket is cold when more than this share of its requests found nothing cached."""
     sustain_s: Annotated[float, Field(gt=0)] = 300.0

@@ -243,3 +243,14 @@ def test_an_alarm_that_could_not_be_recorded_fires_again_on_the_next_batch() -> 
     fleet_store.open_alarm = working  # type: ignore[method-assign]
     asyncio.run(reactor.after_commit(cold_batch(BUCKET, 20, 15)))
     assert len(fleet_store.alarms) == 1 and len(published.plans) == 1
+
+
+def test_a_disabled_alarm_watches_nothing() -> None:
+    _store, fleet_store, published, metrics, reactor = fleet()
+    quiet = FleetReactor(
+        issuer=reactor._issuer, store=fleet_store, publisher=published,
+        cold_start=ColdStartSettings(enabled=False), bucket_seconds=60, metrics=metrics, clock=lambda: NOW,
+    )  # fmt: skip
+    for bucket in range(BUCKET - 6, BUCKET + 1):
+        asyncio.run(quiet.after_commit(cold_batch(bucket, 20, 20)))
+    assert fleet_store.alarms == [] and not quiet.monitor.firing(MODEL.name)
