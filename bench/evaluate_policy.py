@@ -11,7 +11,8 @@ project root:
 `none`; `seed-replay` (the last 500 distinct request chains seen fleet-wide, the seed's documents);
 `top-50` (the planner's current simple policy: requests x tokens over the history, 50 items);
 `peer-copy` (the most recent blocks of the replica the newcomer takes most traffic from); `warmplane`
-(`warmplane.services.planner.policy`, fed the history before the join). All but the seed replay are held
+(the planner's own path: the history before the join bucketed as the planner stores it, then
+`policy.trie_from_counts` and `policy.choose_for_replica`). All but the seed replay are held
 to the same token limit: `--capacity-fraction` of the replica's KV capacity.
 
 Per policy, for the new replica: the prefix hit ratio (cached blocks / prompt blocks) in its first minute,
@@ -26,6 +27,7 @@ import argparse
 import shlex
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +48,15 @@ from warmplane.services.planner.core.simple_plan import (
     choose_warm_set,
     requests_through,
 )
-from warmplane.services.planner.policy import PrefixTrie, RoutingShare, WarmBudget, select_warm_set
+from warmplane.services.planner.policy import (
+    LeafCount,
+    PolicyKnobs,
+    RingSpec,
+    StoredPrefix,
+    WarmBudget,
+    choose_for_replica,
+    trie_from_counts,
+)
 from warmplane.shared.hash_ring import HashRing
 
 NEW = "new"
@@ -110,20 +120,31 @@ def peer_copy(setup: Setup) -> WarmBlocks:
 
 
 def warmplane(setup: Setup) -> WarmBlocks:
-    """`select_warm_set` on a trie fed the history, for the newcomer's share of the new ring."""
+    """What the planner issues: the history stored as it stores it (each prefix's parent and cumulative
+    tokens, requests per leaf and `--bucket-seconds` bucket), then `trie_from_counts` and
+    `choose_for_replica` for the newcomer among the ring's replicas, its KV capacity capped at
+    `--capacity-fraction`. Every block counts as renderable (the simulation replays blocks, not payloads)."""
     args = setup.args
-    trie = PrefixTrie(half_life_s=args.half_life)
+    width = args.bucket_seconds
+    prefixes: dict[int, StoredPrefix] = {}
+    counts: Counter[tuple[int, int]] = Counter()
     for request in setup.history:
-        trie.observe(request.chain, request.cumulative, request.t)
-    items = select_warm_set(
+        parent = None
+        for block, tokens in zip(request.chain, request.cumulative, strict=True):
+            prefixes.setdefault(block, StoredPrefix(block, parent, tokens))
+            parent = block
+        counts[(request.chain[-1], int(request.t // width))] += 1
+    leaves = [LeafCount(leaf, bucket * width + width / 2, n) for (leaf, bucket), n in counts.items()]
+    trie, _left_out = trie_from_counts(prefixes.values(), leaves, setup.join_t, args.half_life)
+    items, _limit = choose_for_replica(
         trie,
         setup.join_t,
-        share=RoutingShare(setup.after, NEW, setup.routing_depth),
+        replica=NEW,
+        members=list(setup.after.weights),
+        ring=RingSpec(setup.routing_depth, setup.after.vnodes, setup.after.load_factor),
         budget=WarmBudget(tokens=setup.limit_tokens),
-        kv_capacity_tokens=setup.limit_tokens,
-        capacity_fraction=1.0,
-        ramp_window_s=args.ramp_window,
-        min_reuse_probability=args.min_reuse,
+        kv_capacity_tokens=args.capacity_blocks * args.block_tokens,
+        knobs=PolicyKnobs(args.half_life, args.ramp_window, args.min_reuse, args.capacity_fraction),
     )
     return [(item.prefix_id, item.cost_tokens) for item in items]
 
@@ -318,7 +339,10 @@ def render(result: TraceResult) -> str:
 
 
 NOTES = (
-    "The warmplane policy's defaults (half-life 60 s, ramp window 300 s, least reuse probability 0.3,"
+    "The warmplane row runs the planner's own code path: the history before the join stored as the planner"
+    " stores it (requests per leaf and --bucket-seconds bucket), then policy.trie_from_counts and"
+    " policy.choose_for_replica, the functions plan_choice.WarmSetChooser calls."
+    " The warmplane policy's defaults (half-life 60 s, ramp window 300 s, least reuse probability 0.3,"
     " cap 0.25 of KV capacity) were chosen on the conversation trace by a small grid; the synthetic"
     " trace was not used to choose them. In this simulation prefill is instantaneous, so a warmed block"
     " saves at most its one first prefill on the newcomer: yield is at most about 1.0 by construction"
@@ -345,6 +369,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--half-life", type=float, default=60.0, help="warmplane: count half-life, s")
     parser.add_argument("--ramp-window", type=float, default=300.0, help="warmplane: ramp window, s")
     parser.add_argument("--min-reuse", type=float, default=0.3, help="warmplane: least reuse probability")
+    parser.add_argument(
+        "--bucket-seconds", type=int, default=60, help="warmplane: statistics bucket, s (the planner's)"
+    )
     parser.add_argument("--output", type=Path, help="write the command, parameters and tables here")
     return parser.parse_args(argv)
 

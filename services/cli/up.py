@@ -37,7 +37,13 @@ from warmplane.services.cli.up_fleet import (
 )
 from warmplane.services.planner.app import Planner, build_planner
 from warmplane.services.planner.gc_tuning import tune_for_batches
-from warmplane.services.planner.settings import IngestSettings, PlannerSettings, PlanSettings
+from warmplane.services.planner.settings import (
+    ColdStartSettings,
+    IngestSettings,
+    PlannerSettings,
+    PlanSettings,
+    RingSettings,
+)
 from warmplane.shared import migrate
 from warmplane.shared.embedded import EmbeddedStack
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE
@@ -54,7 +60,10 @@ REPLICAS = 4
 """Replicas the recorded traffic is spread over in its events (by the chain's second block)."""
 COMPARED_REQUESTS = 200
 PLAN_WINDOW_MINUTES = 10
-"""Conversations are recency-driven: the simple policy looks at the trace's last minutes only."""
+"""Conversations are recency-driven: the policy reads the trace's last minutes only."""
+ROUTING_DEPTH = 1
+"""The conversation trace's requests share their first block, so they are routed by their second (the
+trace evaluator's automatic depth); the planner plans each replica for that share of the ring."""
 PLAN_EVENT_BYTES = 1_000_000
 """Room for a plan of long stand-in prompts in one event (Kafka's default message limit is about 1 MB)."""
 
@@ -95,6 +104,10 @@ async def run_up(options: UpOptions, out: TextIO) -> None:
             postgres=PostgresSettings(url=SecretStr(stack.postgres.asyncpg_dsn)),
             ingest=IngestSettings(),
             plans=PlanSettings(window_hours=PLAN_WINDOW_MINUTES / 60),
+            routing=RingSettings(depth=ROUTING_DEPTH),
+            # The replayed trace has no cache figures (every request looks cold), and replica-0 is the
+            # job's cold reference: an alarm would warm it.
+            cold_start=ColdStartSettings(enabled=False),
             metrics_port=0,
         )
         tune_for_batches()

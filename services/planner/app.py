@@ -24,12 +24,14 @@ from faststream.message import StreamMessage
 from prometheus_client import CollectorRegistry, start_http_server
 
 from warmplane.services.planner.core.node_cache import NodeCache
+from warmplane.services.planner.fleet_reactions import FleetReactor
 from warmplane.services.planner.ingestor import Ingestor, Offsets, Partition
 from warmplane.services.planner.metrics import PlannerMetrics
+from warmplane.services.planner.pg_fleet import PgFleetStore
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.pg_store import PgIngestStore
 from warmplane.services.planner.plans import PlanIssuer
-from warmplane.services.planner.settings import PlannerSettings
+from warmplane.services.planner.settings import PlannerSettings, PlanSettings
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.dead_letters import KafkaDeadLetterSink
 from warmplane.shared.event_publisher import KafkaEventPublisher
@@ -134,13 +136,23 @@ async def _resources(
         ingest = settings.ingest
         store = PgIngestStore(pool, ingest.group_id)
         codec = EventCodec(kafka.max_event_bytes)
+        publisher = KafkaEventPublisher(producer, topics, codec, kafka.commit_timeout_s)
         issuer = PlanIssuer(
             store=PgPlanStore(pool),
-            publisher=KafkaEventPublisher(producer, topics, codec, kafka.commit_timeout_s),
+            publisher=publisher,
             settings=settings.plans,
             bucket_seconds=ingest.bucket_seconds,
             metrics=metrics,
+            ring=settings.routing,
             max_plan_bytes=kafka.max_event_bytes,
+        )
+        reactor = FleetReactor(
+            issuer=issuer,
+            store=PgFleetStore(pool),
+            publisher=publisher,
+            cold_start=settings.cold_start,
+            bucket_seconds=ingest.bucket_seconds,
+            metrics=metrics,
         )
         ingestor = Ingestor(
             codec=codec,
@@ -155,13 +167,13 @@ async def _resources(
             window_per_partition=ingest.dedup_window_per_partition,
             queue_depth=ingest.writer_queue_depth,
             on_failure=on_failure,
-            after_commit=issuer.after_commit,
+            after_commit=reactor.after_commit,
         )
         ingestor.start()
         sweeper = asyncio.create_task(_sweep_forever(store, settings), name="planner-retention")
         stack.push_async_callback(_cancel, sweeper)
         catcher = asyncio.create_task(
-            _catch_up_forever(issuer, settings.plans.catch_up_interval_s), name="planner-catch-up"
+            _catch_up_forever(issuer, reactor, settings.plans), name="planner-catch-up"
         )
         stack.push_async_callback(_cancel, catcher)
         yield ingestor
@@ -231,10 +243,11 @@ async def _sweep_forever(store: PgIngestStore, settings: PlannerSettings) -> Non
             log.warning("retention sweep failed; retrying next interval", exc_info=True)
 
 
-async def _catch_up_forever(issuer: PlanIssuer, interval_s: float) -> None:
+async def _catch_up_forever(issuer: PlanIssuer, reactor: FleetReactor, plans: PlanSettings) -> None:
     while True:
-        await asyncio.sleep(interval_s)
+        await asyncio.sleep(plans.catch_up_interval_s)
         try:
+            await reactor.catch_up(plans.catch_up_grace_s)
             await issuer.catch_up()
         except (OSError, asyncpg.PostgresError):
             log.warning("plan catch-up failed; retrying next interval", exc_info=True)

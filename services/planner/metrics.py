@@ -40,6 +40,18 @@ class PlannerMetrics:
             "Warm plans that could not be chosen, recorded or published",
             registry=registry,
         )
+        self.epoch_bumps = Counter(
+            "warmplane_planner_epoch_bumps",
+            "Epochs the planner raised itself, by reason (deploy)",
+            ["reason"],
+            registry=registry,
+        )
+        self.cold_start_alarms = Counter(
+            "warmplane_planner_cold_start_alarms",
+            "Cold-start alarms fired (a model's requests too often found no cached prefix), by model",
+            ["model"],
+            registry=registry,
+        )
         self.batch_seconds = Histogram(
             "warmplane_planner_batch_write_seconds",
             "Time to write one batch to Postgres",

@@ -1,5 +1,5 @@
-"""The planner's Postgres reads and writes for warm plans: candidate prefixes of a model, catalogued
-payloads, tenants' epochs, live replicas, and the idempotent record of an issued plan (0003, 0004)."""
+"""The planner's Postgres reads and writes for warm plans: a model's statistics, catalogued payloads,
+tenants' epochs, live replicas and what they hold, and the idempotent record of an issued plan (0003-0005)."""
 
 from __future__ import annotations
 
@@ -11,22 +11,23 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from warmplane.services.planner.core.simple_plan import Candidate, NodeKey, PrefixNode, requests_through
+from warmplane.services.planner.core.simple_plan import NodeKey
+from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelStatistics
 from warmplane.services.planner.plans import Unplanned
-from warmplane.shared.events import ModelRef, PrefixPayload, WarmPlanIssued
+from warmplane.services.planner.policy import StoredPrefix
+from warmplane.shared.events import ModelRef, PrefixPayload, WarmItem, WarmPlanIssued
 
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
 _payload = msgspec.json.Decoder(PrefixPayload)
 _plan = msgspec.json.Decoder(WarmPlanIssued)
+_items = msgspec.json.Decoder(list[WarmItem])
 
 SCOPES_OF_MODEL = "SELECT scope_id FROM scopes WHERE model = $1"
-NODES = """
-SELECT scope_id, prefix_id, parent_id, depth, tokens FROM prefix_nodes WHERE scope_id = ANY($1::integer[])
-"""
+NODES = "SELECT scope_id, prefix_id, parent_id, tokens FROM prefix_nodes WHERE scope_id = ANY($1::integer[])"
 LEAF_REQUESTS = """
-SELECT scope_id, prefix_id, sum(requests)::bigint FROM prefix_stats
-WHERE scope_id = ANY($1::integer[]) AND bucket >= $2 GROUP BY scope_id, prefix_id
+SELECT scope_id, prefix_id, bucket, requests FROM prefix_stats
+WHERE scope_id = ANY($1::integer[]) AND bucket >= $2 AND requests > 0
 """
 CATALOGUED = "SELECT scope_id, prefix_id FROM prefix_catalog WHERE scope_id = ANY($1::integer[])"
 PAYLOADS = """
@@ -36,8 +37,21 @@ JOIN unnest($1::integer[], $2::bigint[]) AS k(scope_id, prefix_id) USING (scope_
 SCOPE_NAMES = "SELECT scope_id, tenant, prompt_rev FROM scopes WHERE scope_id = ANY($1::integer[])"
 CURRENT_EPOCHS = "SELECT tenant, epoch FROM epochs WHERE model = $1"
 LIVE_REPLICAS = """
-SELECT replica_id, node FROM replicas
+SELECT replica_id, node, model_revision, state, kv_capacity_tokens FROM replicas
 WHERE model = $1 AND state IN ('starting', 'loading', 'warming', 'ready') ORDER BY replica_id
+"""
+# What a replica holds: the items of its verified plans from the one answering its latest start on (one
+# clock, the planner's, orders them). A partial plan's held items are not known by name: left out.
+HELD = """
+WITH latest AS (
+    SELECT event_id FROM replica_transitions
+    WHERE replica_id = $1 AND state = 'starting' ORDER BY occurred_at DESC LIMIT 1
+), answered AS (
+    SELECT p.issued_at FROM warm_plans p JOIN latest l ON p.trigger_event_id = l.event_id
+    WHERE p.replica_id = $1
+)
+SELECT p.epoch, p.items::text FROM warm_plans p, answered a
+WHERE p.replica_id = $1 AND p.state = 'verified' AND p.issued_at >= a.issued_at
 """
 RECORD_PLAN = """
 INSERT INTO warm_plans (plan_id, replica_id, node, model, epoch, state, items, budget_tokens, deadline,
@@ -74,24 +88,28 @@ class PgPlanStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def candidates(self, model: str, since_bucket: int) -> list[Candidate]:
-        """Every prefix of `model` (all its tenants and prompt revisions) with requests in buckets from
-        `since_bucket` on, counted through its subtree, and whether the catalogue can render it.
+    async def statistics(self, model: str, since_bucket: int) -> ModelStatistics:
+        """Every prefix of `model` (all its tenants and prompt revisions), its request counts per leaf and
+        bucket from `since_bucket` on, and which prefixes the catalogue can render.
 
-        Loads the model's whole trie: plans are issued once per starting replica, not per request.
+        Loads the model's whole trie: plans are issued per replica start or fleet change, not per request.
         """
         async with self._pool.acquire() as connection, connection.transaction(readonly=True):
             scopes = [row[0] for row in await connection.fetch(SCOPES_OF_MODEL, model)]
             if not scopes:
-                return []
-            nodes = [
-                PrefixNode((s, p), (s, parent) if parent is not None else None, depth, tokens)
-                for s, p, parent, depth, tokens in await connection.fetch(NODES, scopes)
+                return ModelStatistics([], [], set())
+            prefixes = [
+                (scope, StoredPrefix(prefix, parent, tokens))
+                for scope, prefix, parent, tokens in await connection.fetch(NODES, scopes)
             ]
-            leaves = {(s, p): n for s, p, n in await connection.fetch(LEAF_REQUESTS, scopes, since_bucket)}
+            counts = [
+                (scope, leaf, bucket, requests)
+                for scope, leaf, bucket, requests in await connection.fetch(
+                    LEAF_REQUESTS, scopes, since_bucket
+                )
+            ]
             catalogued = {(s, p) for s, p in await connection.fetch(CATALOGUED, scopes)}
-        through = requests_through(nodes, leaves)
-        return [Candidate(n, through[n.key], n.key in catalogued) for n in nodes if n.key in through]
+        return ModelStatistics(prefixes, counts, catalogued)
 
     async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]:
         """The catalogued payloads of `keys`; a key whose payload is gone (swept) or unreadable is absent."""
@@ -117,10 +135,23 @@ class PgPlanStore:
         rows = await self._pool.fetch(CURRENT_EPOCHS, model)
         return {row[0]: row[1] for row in rows}
 
-    async def live_replicas(self, model: str) -> list[tuple[str, str]]:
-        """(replica, node) of every replica of `model` that is starting, loading, warming or ready."""
+    async def live_replicas(self, model: str) -> list[LiveReplica]:
+        """Every replica of `model` that is starting, loading, warming or ready, by name."""
         rows = await self._pool.fetch(LIVE_REPLICAS, model)
-        return [(row[0], row[1]) for row in rows]
+        return [LiveReplica(*row) for row in rows]
+
+    async def held(self, replica: str) -> list[HeldItem]:
+        """The prefixes `replica` holds by its verified plans since its latest start, each in the
+        (tenant, epoch) it was warmed in; [] before its start's plan. An unreadable row is skipped."""
+        held: list[HeldItem] = []
+        for epoch, text in await self._pool.fetch(HELD, replica):
+            try:
+                items = _items.decode(text)
+            except msgspec.DecodeError:
+                log.warning("the items of a plan of %s do not decode; taken as not held", replica)
+                continue
+            held += [HeldItem(item.prefix_id, item.tenant, item.epoch_in(epoch)) for item in items]
+        return held
 
     async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool:
         """Record `plan` as issued for `trigger_event_id`; False (and nothing written) if `plan.replica`

@@ -1,14 +1,13 @@
-"""Issuing warm plans: after a batch commits, plan each replica it reports starting, and every live
-replica of a model whose epoch it bumps.
+"""Issuing warm plans: recorded in Postgres, then published to the plans topic keyed by node.
 
-A starting replica gets the model's most valuable catalogued prefixes under the budget
-(`core.simple_plan`), each item at its tenant's current epoch (table `epochs`), and the plan names the
-`replica.started` it answers (`trigger_event_id`), so a warmer drops a plan for an earlier start. An
-`epoch.bumped` for (tenant, model) gives every replica of the model that is starting, loading, warming
-or ready a plan of that tenant's prefixes at the new epoch: a bump invalidates caches, not knowledge.
-Each plan is recorded in Postgres (unique on (trigger, replica), so a redelivered trigger issues
-nothing), and only when the row was inserted published as `WarmPlanIssued` to the plans topic, keyed by
-node.
+`issue` plans a replica that started (the plan names the `replica.started` it answers, its
+`trigger_event_id`, so a warmer drops a plan for an earlier start); `replan` plans the new epoch of a
+(tenant, model) on every live replica of the model (a bump invalidates caches, not knowledge);
+`plan_live` plans the live replicas of a model again for another reason (a fleet change, a cold-start
+alarm). Items are chosen by `plan_choice.WarmSetChooser` (the policy core). A plan for a running replica
+that would warm nothing (it holds everything it should) is not issued; a starting replica always gets its
+plan, empty or not, since its warmer waits for one. Each plan is recorded (unique on (trigger, replica), so
+a redelivered trigger issues nothing), and only when the row was inserted published.
 
 Delivery is at least once: a plan is recorded (with the event it is published as) before it is
 published, and marked once the broker acknowledged it. `catch_up`, run periodically, publishes again
@@ -22,41 +21,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-import msgspec
-
-from warmplane.services.planner.core.ingest_batch import IngestBatch
-from warmplane.services.planner.core.simple_plan import Candidate, NodeKey, choose_warm_set
 from warmplane.services.planner.metrics import PlannerMetrics
-from warmplane.services.planner.settings import PlanSettings
+from warmplane.services.planner.plan_choice import LIVE_STATES, Choice, ChoiceStore, WarmSetChooser
+from warmplane.services.planner.settings import PlanSettings, RingSettings
 from warmplane.shared.codec import DEFAULT_MAX_EVENT_BYTES
 from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.events import (
-    EpochBumped,
-    ModelRef,
-    PrefixPayload,
-    ReplicaStarted,
-    WarmItem,
-    WarmPlanIssued,
-)
+from warmplane.shared.events import EpochBumped, ModelRef, ReplicaStarted, WarmPlanIssued
 
 log = logging.getLogger(__name__)
-_ENVELOPE_BYTES = 4_096
-"""Room a plan's fields other than its items take, with margin (names are at most 128 characters)."""
 
 
-class PlanStore(Protocol):
+class PlanStore(ChoiceStore, Protocol):
     """What issuing needs of the database (`pg_plans.PgPlanStore` is the real one)."""
 
-    async def candidates(self, model: str, since_bucket: int) -> list[Candidate]: ...
-    async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]: ...
-    async def scope_names(self, scope_ids: Sequence[int]) -> dict[int, tuple[str, str]]: ...
-    async def current_epochs(self, model: str) -> dict[str, int]: ...
-    async def live_replicas(self, model: str) -> list[tuple[str, str]]: ...
     async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool: ...
     async def mark_published(self, plan_id: uuid.UUID, at: datetime) -> None: ...
     async def unpublished(self, *, issued_before: datetime, alive_at: datetime) -> list[WarmPlanIssued]: ...
@@ -72,8 +54,7 @@ class PlanPublisher(Protocol):
 
 
 class PlanIssuer:
-    """Plans starting replicas and epoch bumps. `after_commit` is the ingestor's hook; `issue` plans one
-    starting replica, `replan` one bump."""
+    """Plans replicas: `issue` one start, `replan` one bump, `plan_live` a model's running replicas."""
 
     def __init__(
         self,
@@ -83,72 +64,84 @@ class PlanIssuer:
         settings: PlanSettings,
         bucket_seconds: int,
         metrics: PlannerMetrics,
+        ring: RingSettings | None = None,
         max_plan_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._store = store
         self._publisher = publisher
         self._settings = settings
-        self._bucket_seconds = bucket_seconds
         self._metrics = metrics
-        self._max_plan_bytes = max_plan_bytes
         self._clock = clock
-
-    async def after_commit(self, batch: IngestBatch) -> None:
-        """Plan every replica that `batch` (already committed) reports starting, and every live replica of
-        a model whose epoch it bumps. Never raises: the batch's counts stand whatever happens to its
-        plans, and a failure is logged and counted."""
-        wanted: list[Wanted] = [
-            Wanted(Target(e.replica, e.node, e.model, e.event_id, answers_start=True), None, e.epoch or 0)
-            for e in batch.replica_events
-            if isinstance(e, ReplicaStarted)
-        ]
-        for change in batch.fleet_changes:
-            if isinstance(change, EpochBumped):
-                try:
-                    wanted += await self._bump_targets(change)
-                except Exception:  # a plan must not stop ingestion; later work re-plans (module doc)
-                    self._metrics.plan_failures.inc()
-                    log.exception("could not list the replicas of %s to re-plan", change.model.name)
-        await self._issue_all(wanted)
+        self._chooser = WarmSetChooser(
+            store,
+            settings,
+            ring or RingSettings(),
+            bucket_seconds=bucket_seconds,
+            max_plan_bytes=max_plan_bytes,
+            clock=clock,
+        )
 
     async def issue(self, started: ReplicaStarted) -> WarmPlanIssued | None:
         """Choose, record and publish the plan `started` triggers; None if one was already recorded
         (or it could not be: logged and counted). A plan recorded but not published is returned."""
-        target = Target(started.replica, started.node, started.model, started.event_id, answers_start=True)
-        plans = await self._issue_all([Wanted(target, None, started.epoch or 0)])
+        plans = await self.issue_all([Wanted.start(started)])
         return plans[0] if plans else None
 
     async def replan(self, bump: EpochBumped) -> list[WarmPlanIssued]:
-        """Plan the new epoch of (`bump.tenant`, model) on every live replica of the model; the plans
-        recorded (a replica already planned for this bump gets none)."""
-        return await self._issue_all(await self._bump_targets(bump))
+        """Plan the new epoch of (`bump.tenant`, model) on every live replica of the model, starting ones
+        included (their start's plan may be of the old epoch); the plans recorded (a replica already
+        planned for this bump gets none). Raises what the store raises listing replicas."""
+        return await self.plan_live(bump.model.name, bump.event_id, tenant=bump.tenant, epoch=bump.epoch)
 
-    async def _bump_targets(self, bump: EpochBumped) -> list[Wanted]:
-        return [
-            Wanted(
-                Target(replica, node, bump.model, bump.event_id, answers_start=False), bump.tenant, bump.epoch
-            )
-            for replica, node in await self._store.live_replicas(bump.model.name)
-        ]
+    async def plan_live(
+        self,
+        model: str,
+        trigger: uuid.UUID,
+        *,
+        tenant: str | None = None,
+        epoch: int = 0,
+        states: Collection[str] = LIVE_STATES,
+    ) -> list[WarmPlanIssued]:
+        """Plan every replica of `model` in one of `states` for `trigger` (of `tenant`'s prefixes only, at
+        least at `epoch` for it, if given); the plans recorded. Raises what the store raises listing
+        replicas."""
+        live = await self._store.live_replicas(model)
+        return await self.issue_all(
+            [
+                Wanted(Target(r.replica, r.node, ModelRef(model, r.revision), trigger, False), tenant, epoch)
+                for r in live
+                if r.state in states
+            ]
+        )
 
-    async def _issue_all(self, wanted: Sequence[Wanted]) -> list[WarmPlanIssued]:
-        """Choose once per (model, tenant, epoch), record each plan, then publish them all at once: many
-        replicas starting together wait for one choice and one round of acknowledgements."""
-        choices: dict[tuple[str, str | None, int], list[WarmItem]] = {}
-        recorded: list[WarmPlanIssued] = []
+    async def issue_all(self, wanted: Sequence[Wanted]) -> list[WarmPlanIssued]:
+        """Choose once per (model, tenant, epoch) for all its replicas, record each plan, then publish them
+        all at once: many replicas starting together wait for one read and one round of acknowledgements.
+        Never raises: a failure is logged and counted, and later work (catch-up, the next trigger) plans."""
+        groups: dict[tuple[str, str | None, int], list[Wanted]] = {}
         for want in wanted:
-            target = want.target
+            groups.setdefault((want.target.model.name, want.tenant, want.epoch), []).append(want)
+        recorded: list[WarmPlanIssued] = []
+        for (model, tenant, epoch), group in groups.items():
             try:
-                key = (target.model.name, want.tenant, want.epoch)
-                if key not in choices:
-                    choices[key] = await self._choose(*key)
-                plan = self._plan(target, want.tenant, want.epoch, choices[key])
-                if await self._store.record(plan, target.trigger):
-                    recorded.append(plan)
+                choices = await self._chooser.choose(model, tenant, epoch, [w.target.replica for w in group])
             except Exception:  # a plan must not stop ingestion; later work re-plans (module doc)
-                self._metrics.plan_failures.inc()
-                log.exception("could not plan replica %s (trigger %s)", target.replica, target.trigger)
+                self._metrics.plan_failures.inc(len(group))
+                log.exception("could not choose plans of %s for %d replicas", model, len(group))
+                continue
+            for want in group:
+                target, choice = want.target, choices[want.target.replica]
+                if not choice.items and not target.answers_start:
+                    log.info("replica %s holds its warm set: no plan for %s", target.replica, target.trigger)
+                    continue
+                try:
+                    plan = self._plan(target, tenant, epoch, choice)
+                    if await self._store.record(plan, target.trigger):
+                        recorded.append(plan)
+                except Exception:  # as above
+                    self._metrics.plan_failures.inc()
+                    log.exception("could not plan replica %s (trigger %s)", target.replica, target.trigger)
         await asyncio.gather(*(self._publish(plan) for plan in recorded))
         return recorded
 
@@ -171,7 +164,7 @@ class PlanIssuer:
         wanted = [
             Wanted(Target(s.replica, s.node, s.model, s.trigger, answers_start=True), None, 0) for s in starts
         ]
-        await self._issue_all(wanted)
+        await self.issue_all(wanted)
         return len(stale), len(starts)
 
     async def _publish(self, plan: WarmPlanIssued) -> None:
@@ -199,34 +192,7 @@ class PlanIssuer:
             sum(item.tokens for item in plan.items),
         )
 
-    async def _choose(self, model: str, tenant: str | None, epoch: int) -> list[WarmItem]:
-        """The items of a plan for `model`: of `tenant`'s prefixes only if given, each at its tenant's
-        current epoch (at least `epoch` for `tenant`), cut to fit one event."""
-        settings = self._settings
-        since = self._clock() - timedelta(hours=settings.window_hours)
-        offered = await self._store.candidates(model, int(since.timestamp()) // self._bucket_seconds)
-        names = await self._store.scope_names(sorted({c.node.key[0] for c in offered}))
-        if tenant is not None:
-            offered = [c for c in offered if names.get(c.node.key[0], ("",))[0] == tenant]
-        chosen = choose_warm_set(offered, budget_tokens=settings.budget_tokens, max_items=settings.max_items)
-        payloads = await self._store.payloads([c.node.key for c in chosen])
-        epochs = await self._store.current_epochs(model)
-        if tenant is not None:
-            epochs[tenant] = max(epochs.get(tenant, 0), epoch)
-        items = []
-        for c in chosen:
-            scope, prefix = c.node.key
-            if c.node.key in payloads and scope in names:
-                item_tenant, prompt_rev = names[scope]
-                payload = payloads[c.node.key]
-                items.append(
-                    WarmItem(
-                        prefix, c.node.tokens, payload, item_tenant, prompt_rev, epochs.get(item_tenant, 0)
-                    )
-                )
-        return fit_items(items, self._max_plan_bytes - _ENVELOPE_BYTES)
-
-    def _plan(self, target: Target, tenant: str | None, epoch: int, items: list[WarmItem]) -> WarmPlanIssued:
+    def _plan(self, target: Target, tenant: str | None, epoch: int, choice: Choice) -> WarmPlanIssued:
         now = self._clock()
         plan_id = new_event_id()  # also the event id: a re-publish of the plan is the same event
         return WarmPlanIssued(
@@ -239,8 +205,8 @@ class PlanIssuer:
             plan_id=plan_id,
             replica=target.replica,
             node=target.node,
-            items=items,
-            budget_tokens=self._settings.budget_tokens,
+            items=choice.items,
+            budget_tokens=choice.budget_tokens,
             deadline=now + timedelta(seconds=self._settings.deadline_s),
             trigger_event_id=target.trigger if target.answers_start else None,
         )
@@ -276,15 +242,8 @@ class Wanted:
     tenant: str | None
     epoch: int
 
-
-def fit_items(items: list[WarmItem], max_bytes: int) -> list[WarmItem]:
-    """The leading `items` (most valuable first) whose encoded size adds up to at most `max_bytes`, so the
-    plan fits in one event; an item that does not fit is left out and smaller later ones still go in."""
-    kept: list[WarmItem] = []
-    used = 0
-    for item in items:
-        size = len(msgspec.json.encode(item)) + 1
-        if used + size <= max_bytes:
-            kept.append(item)
-            used += size
-    return kept
+    @staticmethod
+    def start(started: ReplicaStarted) -> Wanted:
+        """The plan answering `started`, at the epoch the warmer announced (0 if none)."""
+        target = Target(started.replica, started.node, started.model, started.event_id, answers_start=True)
+        return Wanted(target, None, started.epoch or 0)

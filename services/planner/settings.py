@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Self
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from warmplane.shared.settings import WarmplaneSettings
 
@@ -34,15 +34,28 @@ class IngestSettings(BaseModel):
 
 
 class PlanSettings(BaseModel):
-    """How the planner chooses a starting replica's warm plan (the simple policy)."""
+    """How the planner chooses a replica's warm plan (`policy.choose_for_replica`)."""
 
     budget_tokens: Annotated[int, Field(gt=0, le=2**31 - 1)] = 200_000
-    """The most tokens a plan's items add up to."""
+    """The most prefill tokens a plan may cost (further capped by the replica's KV capacity and the
+    prefill budget in seconds)."""
+    warm_seconds: Annotated[float, Field(gt=0)] | None = None
+    """When set with `prefill_tokens_per_s`: the most seconds of prefill a plan may cost."""
+    prefill_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
+    """The replicas' measured prefill rate, tokens per second."""
+    capacity_fraction: Annotated[float, Field(gt=0, le=1)] = 0.5
+    """A plan costs at most this share of the replica's KV capacity (`replicas.kv_capacity_tokens`)."""
+    half_life_s: Annotated[float, Field(gt=0)] = 600.0
+    """Request counts lose half their weight in this long: short favours recency, long frequency."""
+    ramp_window_s: Annotated[float, Field(gt=0)] = 300.0
+    """A warm block pays when it is used at least once in this long after the replica starts."""
+    min_reuse_probability: Annotated[float, Field(ge=0, le=1)] = 0.3
+    """Blocks less likely than this to be used in the ramp window are not warmed for themselves."""
     max_items: Annotated[int, Field(gt=0, le=100_000)] = 256
     deadline_s: Annotated[float, Field(gt=0)] = 120.0
     """How long after issuing the warmer has to carry the plan out."""
     window_hours: Hours = 24.0
-    """How far back request counts make a prefix popular."""
+    """How far back request counts are read (older buckets have decayed away; this bounds the read)."""
     catch_up_interval_s: Annotated[float, Field(gt=0)] = 10.0
     """How often unpublished plans are published again and unplanned starts planned."""
     catch_up_grace_s: Annotated[float, Field(gt=0)] = 5.0
@@ -50,9 +63,47 @@ class PlanSettings(BaseModel):
     catch_up_window_s: Annotated[float, Field(gt=0)] = 900.0
     """Starts older than this are not planned any more (their warmer has turned ready cold by then)."""
 
+    @model_validator(mode="after")
+    def _seconds_need_a_rate(self) -> Self:
+        if (self.warm_seconds is None) != (self.prefill_tokens_per_s is None):
+            raise ValueError("warm_seconds and prefill_tokens_per_s are set together or not at all")
+        return self
+
+
+class RingSettings(BaseModel):
+    """The gateway's ring (`WARMPLANE_ROUTING__*`, the same variables the gateway reads): which replica
+    a prefix is routed to decides which replica's plan it belongs in."""
+
+    depth: Annotated[int, Field(ge=0, le=64)] = 0
+    vnodes: Annotated[int, Field(ge=1, le=4096)] = 128
+    load_factor: Annotated[float, Field(ge=1)] = 1.25
+
+
+class ColdStartSettings(BaseModel):
+    """The cold-start alarm: a model whose requests find no cached prefix too often has its live replicas'
+    warm sets planned again. Judged on event time, per statistics bucket."""
+
+    enabled: bool = True
+    alarm_ratio: Annotated[float, Field(gt=0, le=1)] = 0.3
+    """A bucket is cold when more than this share of its requests found nothing cached."""
+    sustain_s: Annotated[float, Field(gt=0)] = 300.0
+    """The alarm fires when every bucket of this long (ending at the latest one seen) is cold."""
+    clear_ratio: Annotated[float, Field(ge=0, le=1)] = 0.2
+    """An alarm clears (and may fire again) once a bucket's ratio is at or below this."""
+    min_requests: Annotated[int, Field(ge=1)] = 5
+    """Buckets with fewer requests than this say nothing either way."""
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> Self:
+        if self.clear_ratio > self.alarm_ratio:
+            raise ValueError("clear_ratio must not exceed alarm_ratio")
+        return self
+
 
 class PlannerSettings(WarmplaneSettings):
     ingest: IngestSettings = IngestSettings()
     plans: PlanSettings = PlanSettings()
+    routing: RingSettings = RingSettings()
+    cold_start: ColdStartSettings = ColdStartSettings()
     metrics_port: Annotated[int, Field(ge=0, le=65_535)] = 9464
     """Port of the Prometheus endpoint; 0 turns it off."""

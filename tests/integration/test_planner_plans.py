@@ -1,5 +1,6 @@
-"""Warm plans on the real broker and Postgres: a starting replica gets one plan of the most requested
-catalogued prefixes, keyed by its node; a redelivered `replica.started` gets none."""
+"""Warm plans on the real broker and Postgres: a starting replica gets one plan chosen by the policy core
+from the stored statistics, keyed by its node; a redelivered `replica.started` gets none; the store knows
+what a replica holds since its latest start."""
 
 from __future__ import annotations
 
@@ -94,13 +95,15 @@ async def test_a_starting_replica_gets_one_plan_of_the_most_requested_prefixes(
             assert record.partition == DefaultPartitioner()(b"node-7", list(range(kafka.partitions)), [])
             assert (plan.replica, plan.node, plan.epoch, plan.budget_tokens) == ("r-new", "node-7", 3, 500)
             assert plan.event_id == plan.plan_id and plan.model == MODEL
-            # Values (requests x tokens): 9 2000, 4 1600, 3 1500 (does not fit), 1 1300, globex 30 300.
+            # The policy core: one replica, so its ring share is everything; no capacity reported yet, so
+            # the settings' 500 tokens. By reuse probability in the ramp window (through-counts 20, 13, 8,
+            # 5, 3): 9, 1, 4, then 3 with its uncatalogued parent 2 (200 tokens), and the budget is spent.
             # Each item is at its tenant's current epoch: no tenant was ever bumped, so 0.
             assert plan.items == [
                 WarmItem(9, 100, payload(9), "acme", epoch=0),
                 WarmItem(1, 100, payload(1), "acme", epoch=0),
-                WarmItem(30, 100, payload(30), "globex", epoch=0),
                 WarmItem(4, 200, payload(4), "acme", epoch=0),
+                WarmItem(3, 300, payload(3), "acme", epoch=0),
             ]
             assert (plan.deadline - plan.occurred_at).total_seconds() == settings.plans.deadline_s
 
@@ -278,3 +281,44 @@ async def test_a_plans_first_outcome_stands(planner_settings: PlannerSettings) -
 
 async def _counted(metrics: PlannerMetrics, event_type: str, count: int) -> bool:
     return metrics.events_ingested(event_type) >= count
+
+
+async def test_the_store_knows_what_a_replica_holds_since_its_latest_start(migrated_database: str) -> None:
+    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
+    try:
+        store = PgPlanStore(pool)
+        now = datetime.now(UTC)
+
+        async def start(at: datetime) -> uuid.UUID:
+            event_id = new_event_id()
+            await pool.execute(
+                "INSERT INTO replica_transitions (event_id, replica_id, state, occurred_at) "
+                "VALUES ($1, 'r-h', 'starting', $2)",
+                event_id, at,
+            )  # fmt: skip
+            return event_id
+
+        async def verified(plan: WarmPlanIssued, trigger: uuid.UUID, state: str = "verified") -> None:
+            assert await store.record(plan, trigger)
+            await pool.execute("UPDATE warm_plans SET state = $2 WHERE plan_id = $1", plan.plan_id, state)
+
+        assert await store.held("r-h") == []  # never started
+        first = await start(now)
+        await verified(one_item_plan("r-h", "node-1", now, trigger=first), first)
+        later = msgspec.structs.replace(one_item_plan("r-h", "node-1", now + timedelta(seconds=1)), epoch=4)
+        items = [msgspec.structs.replace(later.items[0], prefix_id=2, epoch=None)]
+        await verified(msgspec.structs.replace(later, items=items), new_event_id())  # a bump's plan
+        partial = one_item_plan("r-h", "node-1", now + timedelta(seconds=2))
+        await verified(msgspec.structs.replace(partial, items=[partial.items[0]]), new_event_id(), "partial")
+        # The start's plan and the bump's (its item in the plan's epoch); a partial plan's items are unknown.
+        assert sorted((h.prefix_id, h.tenant, h.epoch) for h in await store.held("r-h")) == [
+            (1, "acme", 0),
+            (2, "acme", 4),
+        ]
+        # It crashed and came back: nothing is held until the new start's plan verifies.
+        second = await start(now + timedelta(seconds=5))
+        assert await store.held("r-h") == []
+        await verified(one_item_plan("r-h", "node-1", now + timedelta(seconds=6), trigger=second), second)
+        assert [(h.prefix_id, h.epoch) for h in await store.held("r-h")] == [(1, 0)]
+    finally:
+        await pool.close()

@@ -1,188 +1,195 @@
-"""Issuing plans with in-memory parts: what triggers a plan, what it holds, and that failures never
-escape into the ingestion writer."""
+"""Issuing plans with in-memory parts: what a plan holds (the policy core over the stored statistics, the
+replica's ring share, its budget, what it holds), and that failures never escape into the ingestion
+writer."""
 
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from prometheus_client import CollectorRegistry
 
+from tests.unit.memory_planner import BUCKET, MODEL, NOW, MemoryFleet, MemoryPlans, Published
 from warmplane.services.planner.core.ingest_batch import IngestBatch
-from warmplane.services.planner.core.simple_plan import Candidate, NodeKey, PrefixNode
+from warmplane.services.planner.fleet_reactions import FleetReactor
 from warmplane.services.planner.metrics import PlannerMetrics
+from warmplane.services.planner.plan_choice import HeldItem, LiveReplica
 from warmplane.services.planner.plans import PlanIssuer, Unplanned
-from warmplane.services.planner.settings import PlanSettings
+from warmplane.services.planner.settings import ColdStartSettings, PlanSettings, RingSettings
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
     EpochBumped,
-    ModelRef,
     PrefixPayload,
     ReplicaBecameReady,
     ReplicaEvent,
     ReplicaStarted,
     WarmItem,
-    WarmPlanIssued,
 )
-
-NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-MODEL = ModelRef("m", "r1")
+from warmplane.shared.hash_ring import HashRing
 
 
-class MemoryPlans:
-    def __init__(self, candidates: list[Candidate], payloads: dict[NodeKey, PrefixPayload]) -> None:
-        self._candidates = candidates
-        self._payloads = payloads
-        self.rows: dict[tuple[uuid.UUID, str], WarmPlanIssued] = {}
-        self.asked: list[tuple[str, int]] = []
-        self.fail = False
-        self.epochs: dict[str, int] = {}
-        self.live: list[tuple[str, str]] = []
-        self.published: dict[uuid.UUID, datetime] = {}
-        self.unplanned: list[Unplanned] = []
-
-    async def candidates(self, model: str, since_bucket: int) -> list[Candidate]:
-        if self.fail:
-            raise OSError("connection reset")
-        self.asked.append((model, since_bucket))
-        return self._candidates
-
-    async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]:
-        return {key: self._payloads[key] for key in keys if key in self._payloads}
-
-    async def scope_names(self, scope_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
-        return {scope_id: (f"tenant-{scope_id}", "v1") for scope_id in scope_ids}
-
-    async def current_epochs(self, model: str) -> dict[str, int]:
-        return dict(self.epochs)
-
-    async def live_replicas(self, model: str) -> list[tuple[str, str]]:
-        return self.live
-
-    async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool:
-        return self.rows.setdefault((trigger_event_id, plan.replica), plan) is plan
-
-    async def mark_published(self, plan_id: uuid.UUID, at: datetime) -> None:
-        self.published.setdefault(plan_id, at)
-
-    async def unpublished(self, *, issued_before: datetime, alive_at: datetime) -> list[WarmPlanIssued]:
-        return [
-            plan
-            for plan in self.rows.values()
-            if plan.plan_id not in self.published
-            and plan.occurred_at < issued_before
-            and plan.deadline > alive_at
-        ]
-
-    async def unplanned_starts(self, *, since: datetime, before: datetime) -> list[Unplanned]:
-        planned = {trigger for trigger, _replica in self.rows}
-        return [start for start in self.unplanned if start.trigger not in planned]
-
-
-class Published:
-    def __init__(self) -> None:
-        self.plans: list[WarmPlanIssued] = []
-        self.down = False
-
-    async def publish(self, plan: WarmPlanIssued) -> None:
-        if self.down:
-            raise TimeoutError("the broker did not acknowledge in time")
-        self.plans.append(plan)
-
-
-def replica_event(kind: type[ReplicaEvent], epoch: int | None) -> ReplicaEvent:
+def replica_event(kind: type[ReplicaEvent], epoch: int | None, replica: str = "r") -> ReplicaEvent:
     return kind(
         event_id=new_event_id(),
         occurred_at=NOW,
         producer="w",
         model=MODEL,
-        replica="r",
+        replica=replica,
         node="n",
         epoch=epoch,
     )
 
 
+def live(replica: str, state: str = "ready", capacity: int | None = None) -> LiveReplica:
+    return LiveReplica(replica, f"node-{replica}", MODEL.revision, state, capacity)
+
+
 def issuer(
-    store: MemoryPlans, published: Published, metrics: PlannerMetrics, clock: list[datetime] | None = None
+    store: MemoryPlans,
+    published: Published,
+    metrics: PlannerMetrics,
+    clock: list[datetime] | None = None,
+    **plans: object,
 ) -> PlanIssuer:
     """An issuer whose clock reads `clock[0]` (NOW if not given): a test moves time by replacing it."""
     now = clock if clock is not None else [NOW]
+    settings = PlanSettings.model_validate(
+        {"budget_tokens": 250, "deadline_s": 90, "window_hours": 2, **plans}
+    )
     return PlanIssuer(
         store=store,
         publisher=published,
-        settings=PlanSettings(budget_tokens=250, deadline_s=90, window_hours=2),
+        settings=settings,
         bucket_seconds=60,
         metrics=metrics,
+        ring=RingSettings(),
         clock=lambda: now[0],
     )
 
 
-def test_started_replicas_get_one_plan_each_and_other_transitions_none() -> None:
-    swept = PrefixNode((1, 8), None, 0, 50)  # catalogued when chosen, its payload swept since
-    nodes = [PrefixNode((1, 5), None, 0, 100), PrefixNode((2, 5), None, 0, 200), swept]
-    store = MemoryPlans(
-        [Candidate(nodes[0], 3, True), Candidate(nodes[1], 1, True), Candidate(swept, 9, True)],
-        {(1, 5): PrefixPayload(5, prompt="hello"), (2, 5): PrefixPayload(5, prompt="other tenant")},
+def reactor(
+    run: PlanIssuer, store: MemoryPlans, published: Published, metrics: PlannerMetrics
+) -> FleetReactor:
+    return FleetReactor(
+        issuer=run,
+        store=MemoryFleet(store, []),
+        publisher=published,
+        cold_start=ColdStartSettings(),
+        bucket_seconds=60,
+        metrics=metrics,
+        clock=lambda: NOW,
     )
+
+
+def three_tenants() -> MemoryPlans:
+    """tenant-1: root 5 (100 tokens, 3 requests) and root 8 (50 tokens, 9 requests, its payload swept);
+    tenant-2: root 6 (200 tokens, 1 request: unlikely to be reused in the ramp window)."""
+    return MemoryPlans(
+        [(1, 5, None, 100), (1, 8, None, 50), (2, 6, None, 200)],
+        [(1, 5, BUCKET, 3), (1, 8, BUCKET, 9), (2, 6, BUCKET, 1), (1, 5, BUCKET - 500, 40)],
+        {(1, 5): PrefixPayload(5, prompt="hello"), (2, 6): PrefixPayload(6, prompt="other tenant")},
+    )
+
+
+def test_started_replicas_get_one_plan_each_and_other_transitions_none() -> None:
+    store = three_tenants()
+    store.catalogued = {(1, 5), (1, 8), (2, 6)}  # 8 was catalogued, its payload swept since
+    store.live = [live("r", "starting")]
     published, metrics = Published(), PlannerMetrics(CollectorRegistry())
     store.epochs = {"tenant-1": 4}
     start = replica_event(ReplicaStarted, None)
     batch = IngestBatch(replica_events=[start, replica_event(ReplicaBecameReady, 4), start])
-    asyncio.run(issuer(store, published, metrics).after_commit(batch))
+    run = issuer(store, published, metrics)
+    asyncio.run(reactor(run, store, published, metrics).after_commit(batch))
 
     [plan] = published.plans
-    # Chosen by value under 250 tokens: (1, 8) 450, (1, 5) 300; (2, 5) does not fit. (1, 8) lost its payload.
-    # Each item names its tenant, prompt revision and the tenant's current epoch: the warmer derives the
-    # cache_salt from them.
+    # By reuse probability: 8 (9 requests), then 5 (3); 6's one request is below the least probability.
+    # 8 lost its payload. Each item names its tenant, prompt revision and the tenant's current epoch.
     assert plan.items == [WarmItem(5, 100, PrefixPayload(5, prompt="hello"), "tenant-1", "v1", 4)]
     assert plan.trigger_event_id == start.event_id
+    # The capacity is unknown (no warmer reported one): the settings' budget alone.
     assert (plan.epoch, plan.budget_tokens, plan.deadline) == (0, 250, NOW + timedelta(seconds=90))
+    # Only the window's buckets are read (the 40 old requests of 5 are outside it).
     assert store.asked == [("m", int((NOW - timedelta(hours=2)).timestamp()) // 60)]
     assert metrics.plans_issued._value.get() == 1
 
 
+def test_a_plan_keeps_to_the_replicas_ring_share_and_a_fraction_of_its_kv_capacity() -> None:
+    roots = list(range(100, 140))
+    store = MemoryPlans(
+        [(1, root, None, 10) for root in roots],
+        [(1, root, BUCKET, 5) for root in roots],
+        {(1, root): PrefixPayload(root, prompt=f"doc {root}") for root in roots},
+    )
+    store.live = [live("r-a", capacity=10_000), live("r-b", capacity=10_000)]
+    published, metrics = Published(), PlannerMetrics(CollectorRegistry())
+    run = issuer(store, published, metrics, budget_tokens=100_000)
+    # A third replica starts: planned for its share of the ring with it in, at the peers' capacity.
+    asyncio.run(run.issue(replica_event(ReplicaStarted, None, replica="r-c")))  # type: ignore[arg-type]
+
+    [plan] = published.plans
+    ring = HashRing(["r-a", "r-b", "r-c"])  # the gateway's ring over the same replicas
+    assert {item.prefix_id for item in plan.items} == {root for root in roots if ring.owner(root) == "r-c"}
+    assert 0 < len(plan.items) < len(roots)
+    assert plan.budget_tokens == 5_000  # half of 10,000 tokens of KV
+
+
+def test_what_a_replica_holds_at_the_current_epoch_is_not_warmed_again() -> None:
+    store = three_tenants()
+    store.live = [live("r")]
+    store.epochs = {"tenant-1": 2}
+    published, metrics = Published(), PlannerMetrics(CollectorRegistry())
+    run = issuer(store, published, metrics)
+    store.holding = {"r": [HeldItem(5, "tenant-1", 2)]}
+    assert asyncio.run(run.plan_live("m", new_event_id())) == []  # holds it all: no plan
+    store.holding = {"r": [HeldItem(5, "tenant-1", 1)]}  # held in an old epoch: worthless now
+    [plan] = asyncio.run(run.plan_live("m", new_event_id()))
+    assert [(item.prefix_id, item.epoch) for item in plan.items] == [(5, 2)]
+
+
 def test_a_failing_store_is_counted_and_never_raised() -> None:
-    store, published, metrics = MemoryPlans([], {}), Published(), PlannerMetrics(CollectorRegistry())
+    store, published, metrics = MemoryPlans(), Published(), PlannerMetrics(CollectorRegistry())
     store.fail = True
     batch = IngestBatch(replica_events=[replica_event(ReplicaStarted, 2)])
-    asyncio.run(issuer(store, published, metrics).after_commit(batch))
+    run = issuer(store, published, metrics)
+    asyncio.run(reactor(run, store, published, metrics).after_commit(batch))
     assert published.plans == [] and store.rows == {}
     assert metrics.plan_failures._value.get() == 1
 
 
 def test_an_epoch_bump_plans_the_tenants_prefixes_on_every_live_replica_once() -> None:
-    nodes = [PrefixNode((1, 5), None, 0, 100), PrefixNode((2, 6), None, 0, 100)]
     store = MemoryPlans(
-        [Candidate(nodes[0], 3, True), Candidate(nodes[1], 9, True)],
+        [(1, 5, None, 100), (2, 6, None, 100)],
+        [(1, 5, BUCKET, 3), (2, 6, BUCKET, 9)],
         {(1, 5): PrefixPayload(5, prompt="tenant one"), (2, 6): PrefixPayload(6, prompt="tenant two")},
     )
-    store.live = [("r-a", "node-1"), ("r-b", "node-2")]
+    store.live = [live("r-a", "starting"), live("r-b"), live("r-c", "draining")]
     published, metrics = Published(), PlannerMetrics(CollectorRegistry())
     bump = EpochBumped(
         event_id=new_event_id(), occurred_at=NOW, producer="api", tenant="tenant-1", model=MODEL, epoch=7
     )
     run = issuer(store, published, metrics)
-    asyncio.run(run.after_commit(IngestBatch(fleet_changes=[bump])))
-    asyncio.run(run.after_commit(IngestBatch(fleet_changes=[bump])))  # redelivered: nothing more
+    react = reactor(run, store, published, metrics)
+    asyncio.run(react.after_commit(IngestBatch(fleet_changes=[bump])))
+    asyncio.run(react.after_commit(IngestBatch(fleet_changes=[bump])))  # redelivered: nothing more
 
-    assert [(plan.replica, plan.node) for plan in published.plans] == [("r-a", "node-1"), ("r-b", "node-2")]
-    for plan in published.plans:
-        # Only tenant-1's prefix, at the new epoch; no start to answer, so any incarnation may take it.
-        assert plan.items == [WarmItem(5, 100, PrefixPayload(5, prompt="tenant one"), "tenant-1", "v1", 7)]
-        assert (plan.epoch, plan.tenant, plan.trigger_event_id) == (7, "tenant-1", None)
-    assert metrics.plans_issued._value.get() == 2
+    # Tenant-1's one prefix goes to its ring owner among the live replicas (the draining one is out);
+    # the other replica would warm nothing for this bump, so it gets no plan.
+    owner = HashRing(["r-a", "r-b"]).owner(5)
+    [plan] = published.plans
+    # Only tenant-1's prefix, at the new epoch; no start to answer, so any incarnation may take it.
+    assert plan.items == [WarmItem(5, 100, PrefixPayload(5, prompt="tenant one"), "tenant-1", "v1", 7)]
+    assert (plan.replica, plan.epoch, plan.tenant, plan.trigger_event_id) == (owner, 7, "tenant-1", None)
+    assert metrics.plans_issued._value.get() == 1
 
 
 def test_a_plan_the_broker_did_not_take_is_published_again_once_by_catch_up() -> None:
-    node = PrefixNode((1, 5), None, 0, 100)
-    store = MemoryPlans([Candidate(node, 3, True)], {(1, 5): PrefixPayload(5, prompt="hello")})
+    store = three_tenants()
+    store.live = [live("r", "starting")]
     published, metrics, clock = Published(), PlannerMetrics(CollectorRegistry()), [NOW]
     run = issuer(store, published, metrics, clock)
     published.down = True
-    start = replica_event(ReplicaStarted, None)
-    asyncio.run(run.after_commit(IngestBatch(replica_events=[start])))
+    asyncio.run(run.issue(replica_event(ReplicaStarted, None)))  # type: ignore[arg-type]
     [recorded] = store.rows.values()
     assert published.plans == [] and metrics.plan_failures._value.get() == 1
 
@@ -196,8 +203,8 @@ def test_a_plan_the_broker_did_not_take_is_published_again_once_by_catch_up() ->
 
 
 def test_a_start_whose_plan_was_never_recorded_is_planned_by_catch_up() -> None:
-    node = PrefixNode((1, 5), None, 0, 100)
-    store = MemoryPlans([Candidate(node, 3, True)], {(1, 5): PrefixPayload(5, prompt="hello")})
+    store = three_tenants()
+    store.live = [live("r-9", "loading")]
     published, metrics = Published(), PlannerMetrics(CollectorRegistry())
     trigger = new_event_id()
     store.unplanned = [Unplanned("r-9", "node-2", MODEL, trigger)]
@@ -206,4 +213,5 @@ def test_a_start_whose_plan_was_never_recorded_is_planned_by_catch_up() -> None:
 
     [plan] = published.plans
     assert (plan.replica, plan.node, plan.trigger_event_id) == ("r-9", "node-2", trigger)
+    assert [item.prefix_id for item in plan.items] == [5]
     assert asyncio.run(issuer(store, published, metrics).catch_up()) == (0, 0)

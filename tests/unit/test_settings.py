@@ -143,3 +143,21 @@ def test_settings_survive_a_trip_through_the_environment(monkeypatch: pytest.Mon
     for key, value in settings_environment(original).items():
         monkeypatch.setenv(key, value)
     assert load_settings(PlannerSettings) == original
+
+
+def test_the_planners_policy_settings_refuse_half_a_seconds_budget_and_inverted_hysteresis(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WARMPLANE_PLANS__WARM_SECONDS", "30")
+    monkeypatch.setenv("WARMPLANE_COLD_START__CLEAR_RATIO", "0.5")
+    with pytest.raises(SettingsError) as raised:
+        load_settings(PlannerSettings)
+    message = str(raised.value)
+    assert "warm_seconds and prefill_tokens_per_s" in message
+    assert "clear_ratio must not exceed alarm_ratio" in message
+    monkeypatch.setenv("WARMPLANE_PLANS__PREFILL_TOKENS_PER_S", "2000")
+    monkeypatch.setenv("WARMPLANE_COLD_START__CLEAR_RATIO", "0.1")
+    monkeypatch.setenv("WARMPLANE_ROUTING__DEPTH", "1")
+    settings = load_settings(PlannerSettings)
+    assert (settings.plans.warm_seconds, settings.plans.prefill_tokens_per_s) == (30, 2000)
+    assert (settings.cold_start.clear_ratio, settings.routing.depth) == (0.1, 1)

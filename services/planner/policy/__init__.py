@@ -2,23 +2,39 @@
 
 `PrefixTrie` counts requests through each prefix of their chains with exponential decay; `select_warm_set`
 chooses, for one replica, the prefixes worth pre-filling by marginal gain under a `WarmBudget`, restricted
-to the replica's `RoutingShare` of the gateway's hash ring. Every call is handed `now` (seconds, any epoch,
-as long as one trie sees one clock). An import contract in CI keeps this package free of I/O.
+to the replica's `RoutingShare` of the gateway's hash ring. `trie_from_counts` and `choose_for_replica` are
+the one path from stored counts to a replica's warm set, the planner's and the trace evaluator's. Every
+call is handed `now` (seconds, any epoch, as long as one trie sees one clock). An import contract in CI
+keeps this package free of I/O.
 """
 
 from warmplane.services.planner.policy.budget import BudgetTier, WarmBudget, kv_prefix_seconds
 from warmplane.services.planner.policy.prefix_trie import PrefixTrie, TrieNode
+from warmplane.services.planner.policy.replica_plan import (
+    LeafCount,
+    PolicyKnobs,
+    RingSpec,
+    StoredPrefix,
+    choose_for_replica,
+    trie_from_counts,
+)
 from warmplane.services.planner.policy.routing_share import RoutingShare
 from warmplane.services.planner.policy.warm_set import WarmItem, reuse_probability, select_warm_set
 
 __all__ = [
     "BudgetTier",
+    "LeafCount",
+    "PolicyKnobs",
     "PrefixTrie",
+    "RingSpec",
     "RoutingShare",
+    "StoredPrefix",
     "TrieNode",
     "WarmBudget",
     "WarmItem",
+    "choose_for_replica",
     "kv_prefix_seconds",
     "reuse_probability",
     "select_warm_set",
+    "trie_from_counts",
 ]

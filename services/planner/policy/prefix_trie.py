@@ -72,15 +72,17 @@ class PrefixTrie:
         integral (half-life / ln 2)."""
         return self.count(prefix_id, now) * math.log(2) / self.half_life_s
 
-    def observe(self, chain: Sequence[int], tokens: Sequence[int], now: float) -> None:
-        """Count one request through every prefix of `chain` at `now` (seconds). `tokens[i]` is the
-        cumulative token count up to `chain[i]`. An observation older than a prefix's stamp (late
-        delivery) counts as already decayed to that stamp. A known prefix keeps its first parent and the
-        largest token count seen.
+    def observe(self, chain: Sequence[int], tokens: Sequence[int], now: float, weight: float = 1.0) -> None:
+        """Count `weight` requests (one by default; the planner hands a leaf's decayed total at once)
+        through every prefix of `chain` at `now` (seconds). `tokens[i]` is the cumulative token count up to
+        `chain[i]`. An observation older than a prefix's stamp (late delivery) counts as already decayed to
+        that stamp. A known prefix keeps its first parent and the largest token count seen.
 
-        Raises `ValueError` when the lengths differ or `tokens` is not positive and non-decreasing; the
-        trie is unchanged then.
+        Raises `ValueError` when the lengths differ, `tokens` is not positive and non-decreasing, or
+        `weight` is not positive; the trie is unchanged then.
         """
+        if not weight > 0:
+            raise ValueError(f"weight must be positive, got {weight}")
         if len(chain) != len(tokens):
             raise ValueError(f"chain has {len(chain)} ids but tokens has {len(tokens)} counts")
         if any(t <= 0 for t in tokens[:1]) or any(b < a for a, b in itertools.pairwise(tokens)):
@@ -96,10 +98,10 @@ class PrefixTrie:
                 node.own_tokens += cumulative - node.tokens
                 node.tokens = cumulative
             if now >= node.stamp:
-                node.count = node.count * self.decay_factor(now - node.stamp) + 1.0
+                node.count = node.count * self.decay_factor(now - node.stamp) + weight
                 node.stamp = now
             else:
-                node.count += self.decay_factor(node.stamp - now)
+                node.count += weight * self.decay_factor(node.stamp - now)
             parent, parent_tokens = prefix_id, node.tokens
 
     def path(self, prefix_id: int) -> list[int]:

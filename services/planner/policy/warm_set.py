@@ -9,13 +9,15 @@ ancestors are warm or resident.
 
 Selection is greedy by that probability (the gain per token of a block), deepest last on ties: a prefix is
 never more likely to be used than its parent, so ancestors come first by construction, and an ancestor that
-is not chosen on its own is added (and paid for) with its first chosen descendant.
+is not chosen on its own is added (and paid for) with its first chosen descendant. When only some prefixes
+can be rendered (the planner warms a prefix by replaying its catalogued payload, which renders its whole
+chain), only those are chosen for themselves; their ancestors still come along, warmed by their payloads.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Container
 from dataclasses import dataclass
 
 from warmplane.services.planner.policy.budget import WarmBudget
@@ -64,14 +66,18 @@ def select_warm_set(
     ramp_window_s: float = 300.0,
     min_reuse_probability: float = 0.0,
     resident: Collection[int] = frozenset(),
+    renderable: Container[int] | None = None,
+    max_items: int | None = None,
 ) -> list[WarmItem]:
     """The prefixes to pre-fill on `share.replica` at `now`, ancestors before descendants.
 
     Contract: every item is in `share` and not in `resident` (prefix ids the replica already holds, taken
     with their chains); the items' `cost_tokens` sum to at most `budget.token_limit(kv_capacity_tokens,
     capacity_fraction)`; an item's parent is resident or listed before it; only blocks at least
-    `min_reuse_probability` likely to be reused are chosen for themselves (their ancestors come with them).
-    Deterministic for equal inputs. Raises `ValueError` as `WarmBudget.token_limit` does.
+    `min_reuse_probability` likely to be reused, and in `renderable` when it is given, are chosen for
+    themselves (their ancestors come with them); at most `max_items` of the items are in `renderable` (all
+    of them count when it is None). Deterministic for equal inputs. Raises `ValueError` as
+    `WarmBudget.token_limit` does.
     """
     remaining = budget.token_limit(kv_capacity_tokens, capacity_fraction)
     owned = _shared_prefixes(trie, share)
@@ -89,19 +95,24 @@ def select_warm_set(
         if (probability := probabilities.get(node.prefix_id, 0.0)) > 0
         and probability >= min_reuse_probability
         and node.own_tokens > 0
+        and (renderable is None or node.prefix_id in renderable)
     ]
     scored.sort(key=lambda pair: (-pair[0], pair[1].depth, pair[1].prefix_id))
     chosen: list[WarmItem] = []
+    rendered = 0
+    items_left = max_items if max_items is not None else len(probabilities)
     for _, node in scored:
-        if remaining <= 0:
+        if remaining <= 0 or rendered >= items_left:
             break
         if node.prefix_id in covered:
             continue
         path = _uncovered_path(trie, node, covered)
         cost = sum(step.own_tokens for step in path)
-        if cost > remaining:
+        renders = sum(1 for step in path if renderable is None or step.prefix_id in renderable)
+        if cost > remaining or rendered + renders > items_left:
             continue
         remaining -= cost
+        rendered += renders
         for step in path:
             covered.add(step.prefix_id)
             chosen.append(

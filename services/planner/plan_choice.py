@@ -1,0 +1,242 @@
+"""Choosing the items of warm plans: the statistics a plan is chosen from are read here, the decisions are
+the pure policy's (`policy.trie_from_counts`, `policy.choose_for_replica`).
+
+For a model (and, for an epoch bump, one tenant of it), the trie is built once from the stored counts of
+the last `window_hours`, decayed to now with `half_life_s`; then, per replica, the selection keeps the
+prefixes the gateway's ring sends to it among the model's live replicas (the replica included), within
+the budget (settings, capped by its KV capacity), minus what it already holds: the items of its verified
+plans since its latest start, in their tenant's current epoch. Only catalogued prefixes can be warmed (a
+payload renders them and their chain). Items name their tenant, prompt revision and current epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol
+
+import msgspec
+
+from warmplane.services.planner.core.simple_plan import NodeKey
+from warmplane.services.planner.policy import (
+    LeafCount,
+    PolicyKnobs,
+    PrefixTrie,
+    RingSpec,
+    StoredPrefix,
+    WarmBudget,
+    choose_for_replica,
+    trie_from_counts,
+)
+from warmplane.services.planner.settings import PlanSettings, RingSettings
+from warmplane.shared.events import PrefixPayload, WarmItem
+
+log = logging.getLogger(__name__)
+LIVE_STATES = frozenset({"starting", "loading", "warming", "ready"})
+"""The states of a replica that is or will be serving (`replicas.state`): the ring's members."""
+_ENVELOPE_BYTES = 4_096
+"""Room a plan's fields other than its items take, with margin (names are at most 128 characters)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatistics:
+    """What a model's plans are chosen from: each prefix of each scope (scope id, prefix), request counts per
+    (scope id, leaf, bucket), and the prefixes the catalogue can render."""
+
+    prefixes: list[tuple[int, StoredPrefix]]
+    counts: list[tuple[int, int, int, int]]
+    catalogued: set[NodeKey]
+
+
+@dataclass(frozen=True, slots=True)
+class LiveReplica:
+    """A replica starting, loading, warming or ready (`state`), the weights `revision` it serves, and its KV
+    capacity once its warmer reported one."""
+
+    replica: str
+    node: str
+    revision: str
+    state: str
+    kv_capacity_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class HeldItem:
+    """A prefix a replica holds (a verified plan's item since its latest start), in (tenant, epoch)."""
+
+    prefix_id: int
+    tenant: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A plan's items, most valuable first (ancestors before descendants), and its token limit."""
+
+    items: list[WarmItem]
+    budget_tokens: int
+
+
+class ChoiceStore(Protocol):
+    """What choosing needs of the database (`pg_plans.PgPlanStore` is the real one)."""
+
+    async def statistics(self, model: str, since_bucket: int) -> ModelStatistics: ...
+    async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]: ...
+    async def scope_names(self, scope_ids: Sequence[int]) -> dict[int, tuple[str, str]]: ...
+    async def current_epochs(self, model: str) -> dict[str, int]: ...
+    async def live_replicas(self, model: str) -> list[LiveReplica]: ...
+    async def held(self, replica: str) -> list[HeldItem]: ...
+
+
+class WarmSetChooser:
+    """Chooses plans' items for the replicas of one model at a time."""
+
+    def __init__(
+        self,
+        store: ChoiceStore,
+        settings: PlanSettings,
+        ring: RingSettings,
+        *,
+        bucket_seconds: int,
+        max_plan_bytes: int,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._ring = RingSpec(ring.depth, ring.vnodes, ring.load_factor)
+        self._knobs = PolicyKnobs(
+            settings.half_life_s,
+            settings.ramp_window_s,
+            settings.min_reuse_probability,
+            settings.capacity_fraction,
+        )
+        self._budget = WarmBudget(
+            settings.budget_tokens, settings.warm_seconds, settings.prefill_tokens_per_s
+        )
+        self._bucket_seconds = bucket_seconds
+        self._max_item_bytes = max_plan_bytes - _ENVELOPE_BYTES
+        self._clock = clock
+
+    async def choose(
+        self, model: str, tenant: str | None, epoch: int, replicas: Sequence[str]
+    ) -> dict[str, Choice]:
+        """Each of `replicas`' items for `model`: of `tenant`'s prefixes only if given, each at its tenant's
+        current epoch (at least `epoch` for `tenant`). Raises what the store raises."""
+        now = self._clock()
+        view = await self._read(model, tenant, epoch, now)
+        chosen: dict[str, tuple[list[int], int]] = {}
+        for replica in replicas:
+            resident = {
+                held.prefix_id
+                for held in await self._store.held(replica)
+                if held.epoch == view.epochs.get(held.tenant, 0)
+            }
+            blocks, limit = choose_for_replica(
+                view.trie,
+                now.timestamp(),
+                replica=replica,
+                members=[r.replica for r in view.live],
+                ring=self._ring,
+                budget=self._budget,
+                kv_capacity_tokens=_capacity(replica, view.live),
+                knobs=self._knobs,
+                resident=resident,
+                renderable=view.renderable,
+                max_items=self._settings.max_items,
+            )
+            chosen[replica] = ([b.prefix_id for b in blocks if b.prefix_id in view.renderable], limit)
+        payloads = await self._store.payloads(
+            sorted({(view.scope_of[p], p) for ids, _ in chosen.values() for p in ids})
+        )
+        return {
+            replica: Choice(fit_items(view.items(ids, payloads), self._max_item_bytes), limit)
+            for replica, (ids, limit) in chosen.items()
+        }
+
+    async def _read(self, model: str, tenant: str | None, epoch: int, now: datetime) -> _ModelView:
+        """What every replica's choice shares: the trie at `now`, scopes, epochs, live replicas."""
+        since = now - timedelta(hours=self._settings.window_hours)
+        stats = await self._store.statistics(model, int(since.timestamp()) // self._bucket_seconds)
+        names = await self._store.scope_names(sorted({scope for scope, _ in stats.prefixes}))
+        scope_of = _scopes_by_prefix(stats, names, tenant)
+        half = self._bucket_seconds / 2
+        trie, left_out = trie_from_counts(
+            [prefix for scope, prefix in stats.prefixes if scope_of.get(prefix.prefix_id) == scope],
+            [
+                LeafCount(leaf, bucket * self._bucket_seconds + half, requests)
+                for scope, leaf, bucket, requests in stats.counts
+                if scope_of.get(leaf) == scope
+            ],
+            now.timestamp(),
+            self._settings.half_life_s,
+        )
+        if left_out:
+            log.warning("%d leaves of %s left out of the trie (unknown chain or bad tokens)", left_out, model)
+        epochs = await self._store.current_epochs(model)
+        if tenant is not None:
+            epochs[tenant] = max(epochs.get(tenant, 0), epoch)
+        live = [r for r in await self._store.live_replicas(model) if r.state in LIVE_STATES]
+        renderable = {prefix for prefix, scope in scope_of.items() if (scope, prefix) in stats.catalogued}
+        return _ModelView(trie, scope_of, names, epochs, live, renderable)
+
+
+@dataclass(frozen=True, slots=True)
+class _ModelView:
+    """One model's state for one round of choices."""
+
+    trie: PrefixTrie
+    scope_of: dict[int, int]
+    names: dict[int, tuple[str, str]]
+    epochs: dict[str, int]
+    live: list[LiveReplica]
+    renderable: set[int]
+
+    def items(self, prefixes: Sequence[int], payloads: dict[NodeKey, PrefixPayload]) -> list[WarmItem]:
+        """The plan items of `prefixes`, in order; one whose payload is gone (swept) is left out."""
+        items = []
+        for prefix in prefixes:
+            scope = self.scope_of[prefix]
+            node = self.trie.node(prefix)
+            if (scope, prefix) in payloads and scope in self.names and node is not None:
+                tenant, prompt_rev = self.names[scope]
+                payload = payloads[(scope, prefix)]
+                items.append(
+                    WarmItem(prefix, node.tokens, payload, tenant, prompt_rev, self.epochs.get(tenant, 0))
+                )
+        return items
+
+
+def _scopes_by_prefix(
+    stats: ModelStatistics, names: dict[int, tuple[str, str]], tenant: str | None
+) -> dict[int, int]:
+    """The scope of each prefix id (of `tenant`'s scopes only, if given). Ids are chained hashes whose root
+    hashes the scope, so one id in two scopes is a 64-bit collision: the first scope keeps it."""
+    scope_of: dict[int, int] = {}
+    for scope, prefix in stats.prefixes:
+        if tenant is None or names.get(scope, ("",))[0] == tenant:
+            scope_of.setdefault(prefix.prefix_id, scope)
+    return scope_of
+
+
+def _capacity(replica: str, live: Sequence[LiveReplica]) -> int | None:
+    """`replica`'s reported KV capacity; before it reports one (a replica is planned as it starts), the
+    least its model's live peers reported (they run the same engine settings in practice); else None."""
+    known = {r.replica: r.kv_capacity_tokens for r in live if r.kv_capacity_tokens is not None}
+    if replica in known:
+        return known[replica]
+    return min(known.values()) if known else None
+
+
+def fit_items(items: list[WarmItem], max_bytes: int) -> list[WarmItem]:
+    """The leading `items` (most valuable first) whose encoded size adds up to at most `max_bytes`, so the
+    plan fits in one event; an item that does not fit is left out and smaller later ones still go in."""
+    kept: list[WarmItem] = []
+    used = 0
+    for item in items:
+        size = len(msgspec.json.encode(item)) + 1
+        if used + size <= max_bytes:
+            kept.append(item)
+            used += size
+    return kept

@@ -1,0 +1,147 @@
+"""One replica's warm set from stored statistics: the trie of a model's counts, decayed to `now`, and the
+selection for the replica's share of the ring over the model's live replicas. Pure: no I/O, no clock.
+
+The planner stores request counts per leaf prefix and time bucket, and each prefix's parent and cumulative
+tokens. Decay is exponential, so a leaf's buckets fold into one weight at `now` (the sum of each bucket's
+count decayed from the bucket's middle), observed once through the leaf's chain: the trie holds exactly what
+observing every request would have given, up to the bucket width. The trace evaluator feeds its history
+through the same two functions, so what it measures is what the planner issues.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Container, Iterable, Mapping
+from dataclasses import dataclass
+
+from warmplane.services.planner.policy.budget import WarmBudget
+from warmplane.services.planner.policy.prefix_trie import PrefixTrie
+from warmplane.services.planner.policy.routing_share import RoutingShare
+from warmplane.services.planner.policy.warm_set import WarmItem, select_warm_set
+from warmplane.shared.hash_ring import HashRing
+
+
+@dataclass(frozen=True, slots=True)
+class StoredPrefix:
+    """A prefix as stored: its parent (None at a root) and its cumulative tokens."""
+
+    prefix_id: int
+    parent: int | None
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeafCount:
+    """`requests` that ended at `leaf` in the bucket whose middle is `at_s` (seconds)."""
+
+    leaf: int
+    at_s: float
+    requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class RingSpec:
+    """How the gateway builds its ring and keys requests (its `WARMPLANE_ROUTING__*`): the planner must
+    use the same values, or it warms prefixes that are routed elsewhere."""
+
+    depth: int = 0
+    vnodes: int = 128
+    load_factor: float = 1.25
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyKnobs:
+    """The selection's tuning: see `select_warm_set`."""
+
+    half_life_s: float = 600.0
+    ramp_window_s: float = 300.0
+    min_reuse_probability: float = 0.3
+    capacity_fraction: float = 0.5
+
+
+def trie_from_counts(
+    prefixes: Iterable[StoredPrefix], counts: Iterable[LeafCount], now: float, half_life_s: float
+) -> tuple[PrefixTrie, int]:
+    """The trie of `counts` at `now`, and how many leaves were left out.
+
+    A leaf's chain is walked up `prefixes` to its root. A leaf that is unknown, whose chain loops or whose
+    tokens decrease down the chain (data being retired, or corrupt) is left out and counted; nothing else is
+    lost. Counts stamped after `now` count as at `now`. Raises `ValueError` for a half-life that is not
+    positive.
+    """
+    trie = PrefixTrie(half_life_s)
+    by_id = {prefix.prefix_id: prefix for prefix in prefixes}
+    weights: dict[int, float] = {}
+    for count in counts:
+        if count.requests > 0:
+            decayed = count.requests * trie.decay_factor(max(0.0, now - count.at_s))
+            weights[count.leaf] = weights.get(count.leaf, 0.0) + decayed
+    left_out = 0
+    for leaf in sorted(weights, key=lambda leaf: (-weights[leaf], leaf)):
+        chain = _chain(by_id, leaf)
+        weight = weights[leaf]
+        if chain is None or not weight > 0 or math.isinf(weight):
+            left_out += 1
+            continue
+        try:
+            trie.observe([p.prefix_id for p in chain], [p.tokens for p in chain], now, weight)
+        except ValueError:
+            left_out += 1
+    return trie, left_out
+
+
+def _chain(by_id: Mapping[int, StoredPrefix], leaf: int) -> list[StoredPrefix] | None:
+    """`leaf`'s chain, root first; None if `leaf` is unknown or the walk up loops."""
+    chain: list[StoredPrefix] = []
+    step = by_id.get(leaf)
+    while step is not None:
+        chain.append(step)
+        if len(chain) > len(by_id):
+            return None
+        step = by_id.get(step.parent) if step.parent is not None else None
+    chain.reverse()
+    return chain or None
+
+
+def choose_for_replica(
+    trie: PrefixTrie,
+    now: float,
+    *,
+    replica: str,
+    members: Collection[str],
+    ring: RingSpec,
+    budget: WarmBudget,
+    kv_capacity_tokens: int | None,
+    knobs: PolicyKnobs,
+    resident: Collection[int] = frozenset(),
+    renderable: Container[int] | None = None,
+    max_items: int | None = None,
+) -> tuple[list[WarmItem], int]:
+    """The warm set of `replica` at `now`, ancestors first, and the token limit it was chosen under.
+
+    The ring holds `members` and `replica` (a starting replica is planned for the share it will take), at
+    full weight: a warm set is for the replica's steady share, not for its first ramped seconds. The limit is
+    `budget.token_limit` at `knobs.capacity_fraction` of `kv_capacity_tokens`, or the budget alone while the
+    capacity is unknown (the warmer still cuts a plan at its own fill cap once the engine reports one).
+    Raises `ValueError` as `select_warm_set` does.
+    """
+    hash_ring = HashRing(sorted({*members, replica}), vnodes=ring.vnodes, load_factor=ring.load_factor)
+    share = RoutingShare(hash_ring, replica, ring.depth)
+    if kv_capacity_tokens is None:
+        capacity, fraction = budget.tokens, 1.0
+    else:
+        capacity, fraction = kv_capacity_tokens, knobs.capacity_fraction
+    items = select_warm_set(
+        trie,
+        now,
+        share=share,
+        budget=budget,
+        kv_capacity_tokens=capacity,
+        capacity_fraction=fraction,
+        ramp_window_s=knobs.ramp_window_s,
+        min_reuse_probability=knobs.min_reuse_probability,
+        resident=resident,
+        renderable=renderable,
+        max_items=max_items,
+    )
+    return items, budget.token_limit(capacity, fraction)

@@ -1,0 +1,164 @@
+"""In-memory twins of the planner's plan and fleet stores and its publisher, for unit tests (no sockets)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from warmplane.services.planner.core.deploy_epochs import EpochState, Revisions
+from warmplane.services.planner.core.simple_plan import NodeKey
+from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelStatistics
+from warmplane.services.planner.plans import Unplanned
+from warmplane.services.planner.policy import StoredPrefix
+from warmplane.shared.events import EpochBumped, Event, ModelRef, PrefixPayload, WarmPlanIssued
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+BUCKET = int(NOW.timestamp()) // 60
+MODEL = ModelRef("m", "r1")
+
+
+class MemoryPlans:
+    """Prefixes are (scope, id, parent, tokens); `counts` are (scope, leaf, bucket, requests); scope `s`
+    belongs to tenant `tenant-s`, prompt revision v1."""
+
+    def __init__(
+        self,
+        prefixes: Sequence[tuple[int, int, int | None, int]] = (),
+        counts: Sequence[tuple[int, int, int, int]] = (),
+        payloads: dict[NodeKey, PrefixPayload] | None = None,
+    ) -> None:
+        self.prefixes = list(prefixes)
+        self.counts = list(counts)
+        self.payload_of = payloads or {}
+        self.catalogued: set[NodeKey] | None = None
+        """Defaults to the keys of `payloads`."""
+        self.rows: dict[tuple[uuid.UUID, str], WarmPlanIssued] = {}
+        self.asked: list[tuple[str, int]] = []
+        self.fail = False
+        self.epochs: dict[str, int] = {}
+        self.live: list[LiveReplica] = []
+        self.holding: dict[str, list[HeldItem]] = {}
+        self.published: dict[uuid.UUID, datetime] = {}
+        self.unplanned: list[Unplanned] = []
+
+    async def statistics(self, model: str, since_bucket: int) -> ModelStatistics:
+        if self.fail:
+            raise OSError("connection reset")
+        self.asked.append((model, since_bucket))
+        catalogued = self.catalogued if self.catalogued is not None else set(self.payload_of)
+        return ModelStatistics(
+            [(s, StoredPrefix(p, parent, tokens)) for s, p, parent, tokens in self.prefixes],
+            [c for c in self.counts if c[2] >= since_bucket],
+            set(catalogued),
+        )
+
+    async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]:
+        return {key: self.payload_of[key] for key in keys if key in self.payload_of}
+
+    async def scope_names(self, scope_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+        return {scope_id: (f"tenant-{scope_id}", "v1") for scope_id in scope_ids}
+
+    async def current_epochs(self, model: str) -> dict[str, int]:
+        return dict(self.epochs)
+
+    async def live_replicas(self, model: str) -> list[LiveReplica]:
+        return list(self.live)
+
+    async def held(self, replica: str) -> list[HeldItem]:
+        return self.holding.get(replica, [])
+
+    async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool:
+        return self.rows.setdefault((trigger_event_id, plan.replica), plan) is plan
+
+    async def mark_published(self, plan_id: uuid.UUID, at: datetime) -> None:
+        self.published.setdefault(plan_id, at)
+
+    async def unpublished(self, *, issued_before: datetime, alive_at: datetime) -> list[WarmPlanIssued]:
+        return [
+            plan
+            for plan in self.rows.values()
+            if plan.plan_id not in self.published
+            and plan.occurred_at < issued_before
+            and plan.deadline > alive_at
+        ]
+
+    async def unplanned_starts(self, *, since: datetime, before: datetime) -> list[Unplanned]:
+        planned = {trigger for trigger, _replica in self.rows}
+        return [start for start in self.unplanned if start.trigger not in planned]
+
+
+class MemoryFleet:
+    """Epochs shared with a `MemoryPlans` (its `epochs`), tenants known by `tenants`, alarms as rows."""
+
+    def __init__(self, plans: MemoryPlans, tenants: Sequence[str]) -> None:
+        self.plans = plans
+        self.tenants = list(tenants)
+        self.deployed: dict[str, Revisions] = {}
+        self.bumps: dict[uuid.UUID, tuple[EpochBumped, datetime | None]] = {}
+        self.alarms: list[dict[str, object]] = []
+
+    async def epoch_states(self, model: str, tenant: str) -> list[EpochState]:
+        tenants = [tenant] if tenant else sorted({*self.tenants, *self.plans.epochs})
+        return [EpochState(t, self.plans.epochs.get(t, 0), self.deployed.get(t)) for t in tenants]
+
+    async def record_bump(self, bump: EpochBumped, deployed: Revisions, expected_epoch: int) -> bool:
+        if self.plans.epochs.get(bump.tenant, 0) != expected_epoch:
+            return False
+        self.plans.epochs[bump.tenant] = bump.epoch
+        self.deployed[bump.tenant] = deployed
+        self.bumps[bump.event_id] = (bump, None)
+        return True
+
+    async def mark_bump_published(self, event_id: uuid.UUID, at: datetime) -> None:
+        self.bumps[event_id] = (self.bumps[event_id][0], at)
+
+    async def unpublished_bumps(self, before: datetime) -> list[EpochBumped]:
+        return [bump for bump, at in self.bumps.values() if at is None and bump.occurred_at < before]
+
+    async def open_alarm(
+        self,
+        model: str,
+        *,
+        window: tuple[datetime, datetime],
+        requests: int,
+        cold_requests: int,
+        at: datetime,
+    ) -> uuid.UUID | None:
+        if any(a["model"] == model and a["cleared_at"] is None for a in self.alarms):
+            return None
+        alarm_id = uuid.uuid4()
+        self.alarms.append(
+            {"id": alarm_id, "model": model, "window": window, "requests": requests, "cold": cold_requests,
+             "cleared_at": None, "planned": 0}
+        )  # fmt: skip
+        return alarm_id
+
+    async def alarm_planned(self, alarm_id: uuid.UUID, replicas: int) -> None:
+        for alarm in self.alarms:
+            if alarm["id"] == alarm_id:
+                alarm["planned"] = replicas
+
+    async def clear_alarm(self, model: str, at: datetime) -> bool:
+        cleared = False
+        for alarm in self.alarms:
+            if alarm["model"] == model and alarm["cleared_at"] is None:
+                alarm["cleared_at"], cleared = at, True
+        return cleared
+
+
+class Published:
+    """Plans and other events as the broker took them; `down` makes publishing fail."""
+
+    def __init__(self) -> None:
+        self.plans: list[WarmPlanIssued] = []
+        self.events: list[Event] = []
+        self.down = False
+
+    async def publish(self, event: Event) -> None:
+        if self.down:
+            raise TimeoutError("the broker did not acknowledge in time")
+        if isinstance(event, WarmPlanIssued):
+            self.plans.append(event)
+        else:
+            self.events.append(event)
