@@ -10,6 +10,11 @@ Shapes: `fleet` is a multi-tenant fleet whose requests share system prompts, doc
 the real conversation trace in ../shared/traces (14 blocks a request, most of them unique), where
 almost every request adds new chain nodes and a new leaf row.
 
+Each run prints both rates and their ratio, and CPU time an event: the raw loop's, the in-process
+planner's, and that of Postgres and the broker meanwhile (their whole process trees, from /proc). On
+a machine shared with other work the rates swing with its load; the CPU times say what each part
+costs, and the ratio is only meaningful within one run.
+
 `--planners N` runs N planner processes in one consumer group instead of one in-process planner;
 `--profile N` prints the in-process planner's top N functions; with BENCH_DUMP_STUCK=1 a planner
 process that does not exit within 30 s of SIGTERM logs its asyncio tasks' stacks (to the file named by

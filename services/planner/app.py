@@ -124,6 +124,7 @@ async def _resources(
             max_size=settings.postgres.pool_size,
             timeout=settings.postgres.connect_timeout_s,
             command_timeout=settings.postgres.statement_timeout_ms / 1000,
+            init=PgIngestStore.prepare_session,
         )
         stack.push_async_callback(pool.close)
         await require_schema_at_head(pool)
@@ -179,7 +180,7 @@ async def _parse_first_record_only(
 ) -> StreamMessage[Any]:
     """The batch's message, parsed from its first record only, carrying every record raw. faststream's
     batch parser copies each record's value and decodes its headers into a dictionary, which the
-    handler never reads (it decodes the raw records itself): measured at 0.4 us an event."""
+    handler never reads (it decodes the raw records itself): measured at 0.6 us an event."""
     message = await original(records[:1])
     message.raw_message = records
     return message

@@ -128,7 +128,8 @@ class Fenced(Exception):
 
 
 class PgIngestStore:
-    """Applies ingestion batches to Postgres. Owns no pool: the caller's lifespan does."""
+    """Applies ingestion batches to Postgres. Owns no pool: the caller's lifespan does, and creates it
+    with `init=PgIngestStore.prepare_session`."""
 
     def __init__(self, pool: asyncpg.Pool, group_id: str, bucket_seconds: int) -> None:
         self._pool = pool
@@ -136,6 +137,12 @@ class PgIngestStore:
         self._bucket_seconds = bucket_seconds
         """Width of a statistics bucket: Postgres buckets each event's `occurred_at` by it."""
         self._scope_ids: dict[Scope, int] = {}
+
+    @staticmethod
+    async def prepare_session(connection: asyncpg.Connection) -> None:
+        """Create the session's staging table for the batches' counts: pass as the pool's `init`
+        (a write on a session without it raises asyncpg's `UndefinedTableError`)."""
+        await connection.execute(STAGE_COUNTS)
 
     async def write(self, slices: Sequence[PartitionSlice], batch: IngestBatch) -> None:
         """Commit `batch` with its partitions' new positions and ledger, atomically.
@@ -198,7 +205,6 @@ class PgIngestStore:
                 repeat(None),
             ),
         )
-        await connection.execute(STAGE_COUNTS)
         await connection.copy_records_to_table(STAGED_COUNTS, records=rows, columns=_STAGED_COLUMNS)
         paths, catalog = batch.paths, batch.catalog
         await connection.execute(

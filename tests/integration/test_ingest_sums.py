@@ -30,7 +30,9 @@ StatKey = tuple[Scope, int, int]
 @pytest.fixture
 async def pool(migrated_database: str) -> AsyncIterator[asyncpg.Pool]:
     # One session: rows staged by a batch and left behind would be counted again by the next.
-    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=1)
+    pool = await asyncpg.create_pool(
+        migrated_database, min_size=1, max_size=1, init=PgIngestStore.prepare_session
+    )
     try:
         yield pool
     finally:
