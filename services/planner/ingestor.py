@@ -38,8 +38,9 @@ from warmplane.shared.events import Event
 
 log = logging.getLogger(__name__)
 
-_CHUNK = 1024
-"""Records decoded between two yields to the event loop."""
+_CHUNK = 512
+"""Records decoded between two yields to the event loop: each of the writer's round trips to Postgres
+(five a batch) waits for one."""
 _partition_of = attrgetter("topic", "partition")
 _offset_of = attrgetter("offset")
 Partition = tuple[str, int]
