@@ -10,6 +10,11 @@ Shapes: `fleet` is a multi-tenant fleet whose requests share system prompts, doc
 the real conversation trace in ../shared/traces (14 blocks a request, most of them unique), where
 almost every request adds new chain nodes and a new leaf row.
 
+Each run prints both rates and their ratio, and CPU time an event: the raw loop's, the in-process
+planner's, and that of Postgres and the broker meanwhile (their whole process trees, from /proc). On
+a machine shared with other work the rates swing with its load; the CPU times say what each part
+costs, and the ratio is only meaningful within one run.
+
 `--planners N` runs N planner processes in one consumer group instead of one in-process planner;
 `--profile N` prints the in-process planner's top N functions; with BENCH_DUMP_STUCK=1 a planner
 process that does not exit within 30 s of SIGTERM logs its asyncio tasks' stacks (to the file named by
@@ -142,8 +147,31 @@ async def publish(kafka: KafkaSettings, events: list[Event]) -> None:
         await producer.stop()
 
 
+def tree_cpu_seconds(root: int | None) -> float:
+    """CPU seconds used so far by process `root`, its live descendants and its reaped children (Linux
+    /proc): what a part such as Postgres costs, whichever of its processes did the work."""
+    if root is None:
+        return 0.0
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stats[int(entry.name)] = entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()
+    children: dict[int, list[int]] = {}
+    for pid, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(pid)
+    total, pending = 0, [root]
+    while pending:
+        pid = pending.pop()
+        if (stat := stats.get(pid)) is not None:
+            total += sum(int(f) for f in stat[11:15])  # utime, stime, cutime, cstime
+            pending.extend(children.get(pid, []))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 async def raw_loop(kafka: KafkaSettings, total: int) -> float:
-    """Events/s of getmany + decode over every partition, from the first record to the last."""
+    """Events/s of getmany + decode over every partition, from the first record to the last (prints the
+    loop's CPU time too: the planner's own CPU time is the part of its cost it can change)."""
     topics = Topics(kafka.topic_prefix)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=kafka.bootstrap_servers, max_partition_fetch_bytes=4 << 20, enable_auto_commit=False
@@ -157,22 +185,26 @@ async def raw_loop(kafka: KafkaSettings, total: int) -> float:
         ]
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
-        codec, seen, bad, started = EventCodec(), 0, 0, 0.0
+        codec, seen, bad, started, cpu = EventCodec(), 0, 0, 0.0, 0.0
         while seen < total:
             fetched = await consumer.getmany(timeout_ms=500, max_records=5_000)
             if not started and fetched:
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), time.process_time()
             for records in fetched.values():
                 for record in records:
                     bad += isinstance(codec.decode(record.value), DecodeFailure)
                 seen += len(records)
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
         assert bad == 0, f"{bad} events failed to decode"
-        return total / (time.perf_counter() - started)
+        print(f"  raw loop: {cpu:.2f} s of CPU in {elapsed:.2f} s, {cpu / total * 1e6:.1f} us an event")
+        return total / elapsed
     finally:
         await consumer.stop()
 
 
-async def planner_run(settings: PlannerSettings, total: int, requests: int) -> float:
+async def planner_run(
+    settings: PlannerSettings, total: int, requests: int, parts: dict[str, int | None]
+) -> float:
     """Events/s of the planner, from its first counted batch until all `total` are committed."""
     planner = build_planner(settings)
     task = asyncio.create_task(planner.app.run())
@@ -184,10 +216,16 @@ async def planner_run(settings: PlannerSettings, total: int, requests: int) -> f
             done = planner.metrics.events_ingested()
             if first is None and done:
                 first = (time.perf_counter(), done, time.process_time())
+                parts_cpu = {name: tree_cpu_seconds(pid) for name, pid in parts.items()}
         assert first is not None
         elapsed = time.perf_counter() - first[0]
         cpu = time.process_time() - first[2]
-        rate = (total - first[1]) / elapsed
+        counted = total - first[1]
+        rate = counted / elapsed
+        others = ", ".join(
+            f"{name} {(tree_cpu_seconds(pid) - parts_cpu[name]) / counted * 1e6:.1f}"
+            for name, pid in parts.items()
+        )
         writes = {
             s.name.rsplit("_", 1)[-1]: s.value
             for m in planner.metrics.batch_seconds.collect()
@@ -195,8 +233,10 @@ async def planner_run(settings: PlannerSettings, total: int, requests: int) -> f
         }
         print(
             f"  planner: {writes['count']:.0f} batches,"
-            f" {writes['sum']:.2f} s in Postgres writes, {cpu:.2f} s of planner CPU, in {elapsed:.2f} s"
+            f" {writes['sum']:.2f} s in Postgres writes, {cpu:.2f} s of planner CPU, in {elapsed:.2f} s,"
+            f" {cpu / counted * 1e6:.1f} us an event"
         )
+        print(f"  CPU us an event meanwhile: {others}")
     finally:
         planner.app.exit()
         await task
@@ -296,7 +336,8 @@ async def main(args: argparse.Namespace) -> None:
             if args.planners > 1:
                 ingest.append(await planner_processes_run(settings, args.planners, total, requests))
             else:
-                ingest.append(await planner_run(settings, total, requests))
+                parts = {"postgres": postgres.pid, "broker": kafka_part.pid}
+                ingest.append(await planner_run(settings, total, requests, parts))
             if profiler:
                 profiler.disable()
                 pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)

@@ -1,7 +1,7 @@
 """Fleet reactions: the revisions a deploy bumped an epoch for, bumps to publish, cold-start alarms.
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 Create Date: 2026-11-30
 
 - `epochs` remembers the weights revision and prompt revisions of the deploy that last bumped the
@@ -19,7 +19,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0007"
-down_revision = "0005"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 

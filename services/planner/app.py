@@ -10,13 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    ConsumerRecord,
+    TopicPartition,
+)
 from faststream import AckPolicy, FastStream
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
@@ -82,6 +88,7 @@ def build_planner(settings: PlannerSettings) -> Planner:
         max_partition_fetch_bytes=settings.ingest.max_partition_fetch_bytes,
         session_timeout_ms=kafka.session_timeout_ms,
         heartbeat_interval_ms=kafka.heartbeat_interval_ms,
+        parser=_parse_first_record_only,
         decoder=_leave_undecoded,
         listener=rebalance,
     )
@@ -119,6 +126,7 @@ async def _resources(
             max_size=settings.postgres.pool_size,
             timeout=settings.postgres.connect_timeout_s,
             command_timeout=settings.postgres.statement_timeout_ms / 1000,
+            init=PgIngestStore.prepare_session,
         )
         stack.push_async_callback(pool.close)
         await require_schema_at_head(pool)
@@ -134,7 +142,7 @@ async def _resources(
             server, _thread = start_http_server(settings.metrics_port, registry=metrics.registry)
             stack.callback(server.shutdown)
         ingest = settings.ingest
-        store = PgIngestStore(pool, ingest.group_id)
+        store = PgIngestStore(pool, ingest.group_id, ingest.bucket_seconds)
         codec = EventCodec(kafka.max_event_bytes)
         publisher = KafkaEventPublisher(producer, topics, codec, kafka.commit_timeout_s)
         issuer = PlanIssuer(
@@ -161,7 +169,6 @@ async def _resources(
                 producer, topics.dead_letter, ingest.group_id, kafka.commit_timeout_s
             ),
             metrics=metrics,
-            bucket_seconds=ingest.bucket_seconds,
             node_cache=NodeCache(ingest.node_cache_size),
             max_payload_bytes=ingest.catalog_max_payload_bytes,
             window_per_partition=ingest.dedup_window_per_partition,
@@ -177,6 +184,18 @@ async def _resources(
         )
         stack.push_async_callback(_cancel, catcher)
         yield ingestor
+
+
+async def _parse_first_record_only(
+    records: tuple[ConsumerRecord, ...],
+    original: Callable[[tuple[ConsumerRecord, ...]], Awaitable[StreamMessage[Any]]],
+) -> StreamMessage[Any]:
+    """The batch's message, parsed from its first record only, carrying every record raw. faststream's
+    batch parser copies each record's value and decodes its headers into a dictionary, which the
+    handler never reads (it decodes the raw records itself): measured at 0.6 us an event."""
+    message = await original(records[:1])
+    message.raw_message = records
+    return message
 
 
 async def _leave_undecoded(msg: StreamMessage[Any]) -> None:

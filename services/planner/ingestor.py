@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import attrgetter
-from typing import Protocol
+from typing import Protocol, cast
 
 import asyncpg
 import msgspec
@@ -37,8 +38,11 @@ from warmplane.shared.events import Event
 
 log = logging.getLogger(__name__)
 
-_YIELD_EVERY = 512
+_CHUNK = 512
+"""Records decoded between two yields to the event loop: each of the writer's round trips to Postgres
+(five a batch) waits for one."""
 _partition_of = attrgetter("topic", "partition")
+_offset_of = attrgetter("offset")
 Partition = tuple[str, int]
 Offsets = dict[Partition, int]
 """(topic, partition) -> the next offset to consume, i.e. the last processed offset + 1."""
@@ -73,7 +77,6 @@ class Ingestor:
         store: PgIngestStore,
         dead_letters: DeadLetterSink,
         metrics: PlannerMetrics,
-        bucket_seconds: int,
         node_cache: NodeCache,
         max_payload_bytes: int,
         window_per_partition: int,
@@ -85,7 +88,6 @@ class Ingestor:
         self._store = store
         self._dead_letters = dead_letters
         self._metrics = metrics
-        self._bucket_seconds = bucket_seconds
         self._nodes = node_cache
         self._max_payload_bytes = max_payload_bytes
         self._window_size = window_per_partition
@@ -137,56 +139,95 @@ class Ingestor:
         """
         if self._failure is not None:
             raise RuntimeError("the planner's writer has stopped") from self._failure
-        await self._await_restored({(record.topic, record.partition) for record in records})
-        work = _Work(consumer)
-        decode = self._codec.decode
-        windows = self._windows
-        max_payload = self._max_payload_bytes
         # A fetch arrives grouped by partition: look up a partition's state once per run of records.
-        for partition, run in groupby(records, key=_partition_of):
+        runs = [(partition, list(run)) for partition, run in groupby(records, key=_partition_of)]
+        await self._await_restored({partition for partition, _ in runs})
+        work = _Work(consumer)
+        for partition, run in runs:
             expected = self._submitted.get(partition)
-            window = windows.get(partition)
-            if window is None:
-                window = windows[partition] = RecentIds(self._window_size)
-            seen, fresh = window.ids, set[int]()
-            admitted: list[int] = []
-            counted = work.slices.get(partition)
-            for index, record in enumerate(run):
-                if index % _YIELD_EVERY == _YIELD_EVERY - 1:
-                    # Let the writer's database replies in: decoding a whole batch at once would
-                    # stall every round trip of the batch being written by as long.
-                    await asyncio.sleep(0)
-                offset = record.offset
-                if expected is not None and offset < expected:
-                    work.duplicates += 1  # already counted (or queued): redelivered before a seek
+            begin = 0
+            if expected is not None and run[0].offset < expected:
+                # Already counted (or queued): redelivered before a seek. A run's offsets ascend.
+                begin = bisect_left(run, expected, key=_offset_of)
+                work.duplicates += begin
+                if begin == len(run):
                     continue
-                if counted is None:
-                    counted = work.slices[partition] = PartitionSlice(
-                        *partition, offset, offset, expected, []
-                    )
-                counted.last_offset = offset
-                value = record.value
-                decoded = decode(value)
-                if isinstance(decoded, DecodeFailure):
-                    work.letters.append(DeadLetter(record, decoded.reason))
-                elif (
-                    value is not None
-                    and len(value) > max_payload
-                    and (big := self._oversized_payload(decoded))
-                ):
-                    work.letters.append(DeadLetter(record, big))
-                elif (key := decoded.event_id.int) in seen or key in fresh:  # ints hash in C, UUIDs don't
-                    work.duplicates += 1
-                else:
-                    fresh.add(key)
-                    admitted.append(key)
-                    counted.event_ids.append(decoded.event_id)
-                    work.events.append(decoded)
-                    work.records.append(record)
-            window.admit(admitted)
+            window = self._windows.get(partition)
+            if window is None:
+                window = self._windows[partition] = RecentIds(self._window_size)
+            counted = work.slices.get(partition)
+            if counted is None:
+                first = run[begin].offset
+                counted = work.slices[partition] = PartitionSlice(*partition, first, first, expected, [])
+            counted.last_offset = run[-1].offset
+            for start in range(begin, len(run), _CHUNK):
+                if start > begin:
+                    # Let the writer's database replies in: decoding a whole batch at once would
+                    # stall the round trip of the batch being written by as long.
+                    await asyncio.sleep(0)
+                self._admit(run[start : start + _CHUNK], window, counted, work)
         for partition, counted in work.slices.items():
             self._submitted[partition] = counted.last_offset + 1
         await self._queue.put(work)
+
+    def _admit(
+        self, records: list[RawRecord], window: RecentIds, counted: PartitionSlice, work: _Work
+    ) -> None:
+        """Decode `records` (of one partition) and add the events not seen before to `work`.
+
+        The common case, every record a new valid event of a normal size, is checked for in C over
+        the whole chunk; only a chunk that fails a check goes record by record.
+        """
+        values = [record.value for record in records]
+        decode = self._codec.decode
+        decoded = [decode(value) for value in values]
+        # Lengths only once every value decoded: a tombstone's None has none.
+        if DecodeFailure in set(map(type, decoded)) or (
+            max(map(len, cast(list[bytes], values))) > self._max_payload_bytes
+        ):
+            self._admit_each(records, decoded, window, counted, work)
+            return
+        events = cast(list[Event], decoded)
+        keys = [event.event_id.int for event in events]  # ints hash in C, UUIDs don't
+        fresh = set(keys)
+        if len(fresh) < len(keys) or not fresh.isdisjoint(window.ids):
+            self._admit_each(records, decoded, window, counted, work)
+            return
+        window.admit(keys)
+        counted.event_ids += keys
+        work.events += events
+        work.records += records
+
+    def _admit_each(
+        self,
+        records: list[RawRecord],
+        decoded: list[Event | DecodeFailure],
+        window: RecentIds,
+        counted: PartitionSlice,
+        work: _Work,
+    ) -> None:
+        """`_admit`, record by record: dead letters, oversized payloads, duplicates."""
+        seen, fresh = window.ids, set[int]()
+        admitted: list[int] = []
+        for record, event in zip(records, decoded, strict=True):
+            value = record.value
+            if isinstance(event, DecodeFailure):
+                work.letters.append(DeadLetter(record, event.reason))
+            elif (
+                value is not None
+                and len(value) > self._max_payload_bytes
+                and (big := self._oversized_payload(event))
+            ):
+                work.letters.append(DeadLetter(record, big))
+            elif (key := event.event_id.int) in seen or key in fresh:
+                work.duplicates += 1
+            else:
+                fresh.add(key)
+                admitted.append(key)
+                work.events.append(event)
+                work.records.append(record)
+        window.admit(admitted)
+        counted.event_ids += admitted
 
     async def _await_restored(self, partitions: set[Partition]) -> None:
         for partition in partitions:
@@ -268,7 +309,7 @@ class Ingestor:
             return
         self._nodes.add_all(batch.new_nodes)
         self._metrics.duplicates.inc(work.duplicates)
-        for kind, count in Counter(type(event) for event in work.events).items():
+        for kind, count in Counter(map(type, work.events)).items():
             self._metrics.events.labels(type=event_type(kind)).inc(count)
         if (batch.replica_events or batch.fleet_changes or batch.request_counts) and self._after_commit:
             await self._after_commit(batch)
@@ -296,7 +337,7 @@ class Ingestor:
         letters = []
         for index in sorted(rejected, reverse=True):
             event, record = work.events.pop(index), work.records.pop(index)
-            work.slices[(record.topic, record.partition)].event_ids.remove(event.event_id)
+            work.slices[(record.topic, record.partition)].event_ids.remove(event.event_id.int)
             letters.append(DeadLetter(record, "rejected by Postgres: a value it cannot store"))
         await self._send_letters(letters)
         return self._fold(work.events)
@@ -312,4 +353,4 @@ class Ingestor:
                 work.consumer.seek(partition, positions[partition])
 
     def _fold(self, events: list[Event]) -> IngestBatch:
-        return fold_events(events, bucket_seconds=self._bucket_seconds, stored_nodes=self._nodes)
+        return fold_events(events, stored_nodes=self._nodes)

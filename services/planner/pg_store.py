@@ -1,6 +1,8 @@
-"""The planner's Postgres store for ingestion: one transaction per batch, arrays in, one row per key.
+"""The planner's Postgres store for ingestion: one transaction per batch, Postgres sums the counters.
 
-The hot path speaks asyncpg directly: a whole batch of keys travels as a few arrays through `unnest`
+The hot path speaks asyncpg directly: a batch's requests and misses are copied (binary COPY) one row
+per event into a temporary table, and one call of `warmplane_ingest_events` (migration 0006) sums them
+per key and applies them with the offsets, the ledger, the chain paths and the catalog
 (bench/ingest_bench.py measures it). A batch's counts, its partitions' next offsets and its ledger of
 event ids commit in one transaction, so a crash anywhere leaves either all of a batch or none of it,
 and the consumer resumes exactly after the last batch that committed.
@@ -13,6 +15,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import chain, repeat
 
 import asyncpg
 import msgspec
@@ -24,8 +27,24 @@ from warmplane.shared.events import EpochBumped, Event, ReplicaEvent, WarmFinish
 _json = msgspec.json.Encoder()
 log = logging.getLogger(__name__)
 
-INGEST_BATCH = "SELECT warmplane_ingest_batch(" + ", ".join(f"${n}" for n in range(1, 34)) + ")"
-"""One round trip: offsets (fenced), ledger, counts, chain paths and catalog (migration 0002)."""
+INGEST_EVENTS = "SELECT warmplane_ingest_events(" + ", ".join(f"${n}" for n in range(1, 21)) + ")"
+"""Offsets (fenced), ledger, the staged counts, chain paths and catalog (migration 0006)."""
+STAGED_COUNTS = "warmplane_batch_counts"
+STAGE_COUNTS = f"""
+CREATE TEMP TABLE IF NOT EXISTS {STAGED_COUNTS} (
+    miss      boolean NOT NULL,
+    scope_id  integer NOT NULL,
+    prefix_id bigint  NOT NULL,
+    at        double precision NOT NULL,
+    tokens    integer NOT NULL,
+    cached    integer,
+    ttft      double precision
+) ON COMMIT DELETE ROWS
+"""
+"""A batch's requests and misses, one row each, for `warmplane_ingest_events` to sum: in this session
+only, emptied at every commit. `at` is occurred_at in Unix seconds; `tokens` a request's prompt tokens
+or a miss's missed tokens; `cached` and `ttft` are a request's."""
+_STAGED_COLUMNS = ("miss", "scope_id", "prefix_id", "at", "tokens", "cached", "ttft")
 FENCED_SQLSTATE = "WP001"
 _DEADLOCK_RETRIES = 3
 STORED_OFFSETS = """
@@ -89,14 +108,15 @@ WHERE plan_id = $1 AND finished_at IS NULL
 @dataclass(slots=True)
 class PartitionSlice:
     """What a batch consumed from one partition: its offsets, the ids of the events it counts, and the
-    stored next offset the writer expects to advance from (None: the group never read this partition)."""
+    stored next offset the writer expects to advance from (None: the group never read this partition).
+    Ids are the 128-bit integers of the UUIDs."""
 
     topic: str
     partition: int
     first_offset: int
     last_offset: int
     expected_next: int | None
-    event_ids: list[uuid.UUID]
+    event_ids: list[int]
 
 
 class Fenced(Exception):
@@ -108,12 +128,21 @@ class Fenced(Exception):
 
 
 class PgIngestStore:
-    """Applies ingestion batches to Postgres. Owns no pool: the caller's lifespan does."""
+    """Applies ingestion batches to Postgres. Owns no pool: the caller's lifespan does, and creates it
+    with `init=PgIngestStore.prepare_session`."""
 
-    def __init__(self, pool: asyncpg.Pool, group_id: str) -> None:
+    def __init__(self, pool: asyncpg.Pool, group_id: str, bucket_seconds: int) -> None:
         self._pool = pool
         self._group_id = group_id
+        self._bucket_seconds = bucket_seconds
+        """Width of a statistics bucket: Postgres buckets each event's `occurred_at` by it."""
         self._scope_ids: dict[Scope, int] = {}
+
+    @staticmethod
+    async def prepare_session(connection: asyncpg.Connection) -> None:
+        """Create the session's staging table for the batches' counts: pass as the pool's `init`
+        (a write on a session without it raises asyncpg's `UndefinedTableError`)."""
+        await connection.execute(STAGE_COUNTS)
 
     async def write(self, slices: Sequence[PartitionSlice], batch: IngestBatch) -> None:
         """Commit `batch` with its partitions' new positions and ledger, atomically.
@@ -142,25 +171,44 @@ class PgIngestStore:
     async def _write_once(
         self, connection: asyncpg.Connection, slices: Sequence[PartitionSlice], batch: IngestBatch
     ) -> None:
-        if batch.has_records:
-            async with connection.transaction():
-                await self._ingest(connection, slices, batch)
-                await self._record_fleet(connection, batch)
-        else:  # one statement: its own transaction, one round trip
+        async with connection.transaction():
             await self._ingest(connection, slices, batch)
+            await self._record_fleet(connection, batch)
 
     async def _ingest(
         self, connection: asyncpg.Connection, slices: Sequence[PartitionSlice], batch: IngestBatch
     ) -> None:
-        ids = {scope: self._scope_ids[scope] for scope in batch.scopes()}
-        # Rows in key order: two planners upserting overlapping keys then lock them in the same
-        # order instead of deadlocking (seen with two planners in one group before sorting).
-        counts = dict(sorted(batch.request_counts.items(), key=lambda kv: (ids[kv[0][0]], *kv[0][1:])))
-        misses = dict(sorted(batch.miss_counts.items(), key=lambda kv: (ids[kv[0][0]], *kv[0][1:])))
-        paths = dict(sorted(batch.paths.items(), key=lambda kv: (ids[kv[0][0]], kv[0][1])))
-        catalog = dict(sorted(batch.catalog.items(), key=lambda kv: (ids[kv[0][0]], kv[0][1])))
+        """Offsets, ledger, counters, paths and catalog. Call inside a transaction: the staged rows
+        are deleted at its commit."""
+        ids = self._scope_ids  # holds the batch's scopes: `write` and `rejected` fetched them
+        scope_id = ids.__getitem__
+        requests, misses = batch.requests, batch.misses
+        # One row per event, which the function sums: copied, because asyncpg encodes each element
+        # of an array parameter after an abstract-class check (measured: 3 times the cost of COPY).
+        rows = chain(
+            zip(
+                repeat(False),
+                map(scope_id, requests.scopes),
+                requests.leaves,
+                requests.seconds,
+                requests.prompt_tokens,
+                requests.cached_tokens,
+                requests.ttft_ms,
+            ),
+            zip(
+                repeat(True),
+                map(scope_id, misses.scopes),
+                misses.prefixes,
+                misses.seconds,
+                misses.missed_tokens,
+                repeat(None),
+                repeat(None),
+            ),
+        )
+        await connection.copy_records_to_table(STAGED_COUNTS, records=rows, columns=_STAGED_COLUMNS)
+        paths, catalog = batch.paths, batch.catalog
         await connection.execute(
-            INGEST_BATCH,
+            INGEST_EVENTS,
             self._group_id,
             [s.topic for s in slices],
             [s.partition for s in slices],
@@ -168,20 +216,7 @@ class PgIngestStore:
             [s.first_offset for s in slices],
             [s.last_offset for s in slices],
             [pack_ids(s.event_ids) for s in slices],
-            [ids[k[0]] for k in counts],
-            [k[1] for k in counts],
-            [k[2] for k in counts],
-            [c.requests for c in counts.values()],
-            [c.cold_requests for c in counts.values()],
-            [c.prompt_tokens for c in counts.values()],
-            [c.cached_tokens for c in counts.values()],
-            [c.ttft_ms_sum for c in counts.values()],
-            [c.ttft_count for c in counts.values()],
-            [ids[k[0]] for k in misses],
-            [k[1] for k in misses],
-            [k[2] for k in misses],
-            [m.misses for m in misses.values()],
-            [m.missed_tokens for m in misses.values()],
+            self._bucket_seconds,
             [ids[n[0]] for n in paths],
             [n[1] for n in paths],
             [p.anchor_id for p in paths.values()],

@@ -26,7 +26,7 @@ async def test_sweep_removes_only_what_is_past_retention(migrated_database: str)
             now - timedelta(days=8),
             now - timedelta(days=1),
         )
-        removed = await PgIngestStore(pool, "g").sweep(
+        removed = await PgIngestStore(pool, "g", bucket_seconds=60).sweep(
             ledger_before=now - timedelta(hours=24), catalog_before=now - timedelta(days=7)
         )
         assert removed == (1, 1)

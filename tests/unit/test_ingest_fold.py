@@ -1,11 +1,10 @@
-"""The pure fold of a batch into deltas, and the bounded cache of chain nodes known to be stored."""
+"""The pure fold of a batch into columns and chain paths, and the bounded cache of chain nodes known to
+be stored. Postgres sums the columns: tests/integration/test_ingest_sums.py."""
 
 from __future__ import annotations
 
 import uuid
-from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import astuple
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -15,7 +14,6 @@ from hypothesis import strategies as st
 from warmplane.services.planner.core.ingest_batch import (
     ChainEdge,
     ChainPath,
-    MissCounts,
     NodeKey,
     Scope,
     fold_events,
@@ -97,47 +95,36 @@ def scope_of(event: RequestObserved | PrefixMissed) -> Scope:
     return (event.tenant, event.model.name, event.prompt_rev)
 
 
-def epoch_seconds(at: datetime) -> int:
-    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(seconds=1)
-
-
 @settings(max_examples=200)
-@given(st.lists(requests(), max_size=30), st.sampled_from([1, 7, 60, 3600]))
-def test_request_counts_are_sums_per_scope_leaf_and_bucket(
-    events: list[RequestObserved], bucket_seconds: int
-) -> None:
-    expected: dict[tuple[Scope, int, int], list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0, 0])
-    for event in events:
-        sums = expected[
-            (scope_of(event), event.chain[-1], epoch_seconds(event.occurred_at) // bucket_seconds)
-        ]
-        sums[0] += 1
-        sums[1] += event.cached_tokens == 0
-        sums[2] += event.prompt_tokens
-        sums[3] += event.cached_tokens
-        sums[4] += event.ttft_ms or 0.0
-        sums[5] += event.ttft_ms is not None
+@given(st.lists(requests(), max_size=30))
+def test_requests_become_one_column_entry_each_in_order(events: list[RequestObserved]) -> None:
+    """Postgres sums the columns (tests/integration/test_ingest_sums.py): each request is there once."""
+    batch = fold_events(events, stored_nodes=set())
 
-    batch = fold_events(events, bucket_seconds=bucket_seconds, stored_nodes=set())
-
-    assert batch.request_counts.keys() == expected.keys()
-    for key, counts in batch.request_counts.items():
-        assert list(astuple(counts)) == pytest.approx(expected[key])
-    assert batch.miss_counts == {}
+    columns = batch.requests
+    assert list(
+        zip(
+            columns.scopes,
+            columns.leaves,
+            columns.seconds,
+            columns.prompt_tokens,
+            columns.cached_tokens,
+            columns.ttft_ms,
+            strict=True,
+        )
+    ) == [
+        (
+            scope_of(e),
+            e.chain[-1],
+            e.occurred_at.timestamp(),
+            e.prompt_tokens,
+            e.cached_tokens,
+            e.ttft_ms,
+        )
+        for e in events
+    ]
+    assert batch.misses.scopes == []
     assert batch.scopes() == {scope_of(event) for event in events}
-
-
-def test_buckets_are_occurred_at_seconds_floor_divided_by_the_width() -> None:
-    leaf = chain_of(("acme", MODEL.name, ""), [b"a"])[0][-1]
-    at = [datetime.fromtimestamp(s, UTC) for s in (119.999, 120.0, 179.5, 180.0)]
-    events = [_request_at(moment) for moment in at]
-    batch = fold_events(events, bucket_seconds=60, stored_nodes=set())
-    scope = ("acme", MODEL.name, "")
-    assert {key: counts.requests for key, counts in batch.request_counts.items()} == {
-        (scope, leaf, 1): 1,
-        (scope, leaf, 2): 2,
-        (scope, leaf, 3): 1,
-    }
 
 
 def _request_at(at: datetime, **changes: object) -> RequestObserved:
@@ -182,7 +169,7 @@ def test_edges_have_right_parents_and_skip_stored_nodes_and_their_ancestors(
     every_node = sorted({(scope_of(e), prefix_id) for e in events for prefix_id in e.chain})
     stored = data.draw(st.sets(st.sampled_from(every_node)), label="stored")
 
-    batch = fold_events(events, bucket_seconds=60, stored_nodes=stored)
+    batch = fold_events(events, stored_nodes=stored)
 
     assert batch.edges() == expected_edges(events, stored)
     assert not batch.edges().keys() & stored
@@ -197,12 +184,12 @@ def test_edges_of_a_fresh_chain_run_from_its_root() -> None:
     scope = ("acme", MODEL.name, "")
     chain, tokens = chain_of(scope, [b"a", b"b", b"c"])
     event = _request_at(BASE, chain=chain, chain_tokens=tokens, prompt_tokens=tokens[-1])
-    batch = fold_events([event], bucket_seconds=60, stored_nodes={(scope, chain[0])})
+    batch = fold_events([event], stored_nodes={(scope, chain[0])})
     assert batch.edges() == {
         (scope, chain[1]): ChainEdge(chain[0], 1, 3, BASE),
         (scope, chain[2]): ChainEdge(chain[1], 2, 8, BASE),
     }
-    root_too = fold_events([event], bucket_seconds=60, stored_nodes=set())
+    root_too = fold_events([event], stored_nodes=set())
     assert root_too.edges()[(scope, chain[0])] == ChainEdge(None, 0, 1, BASE)
     # One row for the request's whole new chain end, not one per prefix.
     assert list(root_too.paths.values()) == [ChainPath(None, 0, chain, tokens, BASE)]
@@ -213,24 +200,28 @@ def test_a_payload_is_catalogued_with_the_tokens_of_its_prefix() -> None:
     chain, tokens = chain_of(scope, [b"a", b"b", b"c"])
     payload = PrefixPayload(prefix_id=chain[1], messages=[{"role": "system", "content": "hi"}])
     event = _request_at(BASE, chain=chain, chain_tokens=tokens, prompt_tokens=9, payload=payload)
-    entry = fold_events([event], bucket_seconds=60, stored_nodes=set()).catalog[(scope, chain[1])]
+    entry = fold_events([event], stored_nodes=set()).catalog[(scope, chain[1])]
     assert (entry.payload, entry.tokens, entry.seen_at) == (payload, 3, BASE)
 
 
 @settings(max_examples=200)
 @given(st.lists(misses(), max_size=30))
 def test_misses_are_keyed_by_the_first_non_resident_element(events: list[PrefixMissed]) -> None:
-    expected: dict[tuple[Scope, int, int], MissCounts] = defaultdict(MissCounts)
-    for event in events:
-        first_missing = event.chain[min(event.resident_depth, len(event.chain) - 1)]
-        counts = expected[(scope_of(event), first_missing, epoch_seconds(event.occurred_at) // 60)]
-        counts.misses += 1
-        counts.missed_tokens += max(0, event.chain_tokens[-1] - event.cached_tokens)
+    batch = fold_events(events, stored_nodes=set())
 
-    batch = fold_events(events, bucket_seconds=60, stored_nodes=set())
-
-    assert batch.miss_counts == expected
-    assert batch.request_counts == {} and batch.paths == {}
+    columns = batch.misses
+    assert list(
+        zip(columns.scopes, columns.prefixes, columns.seconds, columns.missed_tokens, strict=True)
+    ) == [
+        (
+            scope_of(e),
+            e.chain[min(e.resident_depth, len(e.chain) - 1)],
+            e.occurred_at.timestamp(),
+            max(0, e.chain_tokens[-1] - e.cached_tokens),
+        )
+        for e in events
+    ]
+    assert batch.requests.scopes == [] and batch.paths == {}
 
 
 def test_a_miss_example() -> None:
@@ -240,10 +231,8 @@ def test_a_miss_example() -> None:
         event_id=uuid.uuid4(), occurred_at=BASE, producer="t", tenant="acme", model=MODEL, replica="r",
         chain=chain, chain_tokens=tokens, resident_depth=1, cached_tokens=1,
     )  # fmt: skip
-    bucket = epoch_seconds(BASE) // 60
-    assert fold_events([miss], bucket_seconds=60, stored_nodes=set()).miss_counts == {
-        (scope, chain[1], bucket): MissCounts(misses=1, missed_tokens=7)
-    }
+    columns = fold_events([miss], stored_nodes=set()).misses
+    assert (columns.scopes, columns.prefixes, columns.missed_tokens) == ([scope], [chain[1]], [7])
 
 
 def test_other_events_are_routed_or_ignored() -> None:
@@ -259,12 +248,12 @@ def test_other_events_are_routed_or_ignored() -> None:
         event_id=uuid.uuid4(), occurred_at=BASE, producer="p", model=MODEL, plan_id=uuid.uuid4(), replica="r",
         node="n", epoch=0, items=[], budget_tokens=1, deadline=BASE,
     )  # fmt: skip
-    batch = fold_events([ready, deploy, progress, plan], bucket_seconds=60, stored_nodes=set())
+    batch = fold_events([ready, deploy, progress, plan], stored_nodes=set())
     assert batch.replica_events == [ready]
     assert batch.fleet_changes == [deploy]
     assert batch.plan_results == [progress]
     assert batch.ignored == 1
-    assert batch.request_counts == {} and batch.scopes() == set()
+    assert batch.requests.scopes == [] and batch.scopes() == set()
 
 
 def test_node_cache_rejects_a_capacity_below_one() -> None:

@@ -101,7 +101,6 @@ async def test_drain_and_flush_return_when_the_writer_has_died() -> None:
         store=store,  # type: ignore[arg-type]
         dead_letters=NoLetters(),
         metrics=PlannerMetrics(CollectorRegistry()),
-        bucket_seconds=60,
         node_cache=NodeCache(),
         max_payload_bytes=65_536,
         window_per_partition=1_000,

@@ -1,14 +1,18 @@
-"""Folding a batch of decoded events into the deltas one database transaction applies. Pure: no I/O.
+"""Folding a batch of decoded events into what one database transaction applies. Pure: no I/O.
 
-A batch becomes: counter deltas per (scope, prefix, time bucket), the new ends of chains not yet known
-to be stored, catalog payloads, replica transitions, fleet changes and warm results (which move the
-state of the plans they answer). Counters are summed here so the
-database sees one row per key per batch, not one per event.
+A batch becomes: the columns of its requests and misses (one entry per event, which Postgres sums per
+(scope, prefix, time bucket) in the batch's one statement), the new ends of chains not yet known to be
+stored, catalog payloads, replica transitions, fleet changes and warm results (which move the state of
+the plans they answer).
+
+The fold runs once per event at fleet rates, so its per-event work is column extraction in list
+comprehensions and set operations in C; the summing moved to Postgres, on the other core (a
+dictionary of counters per key here cost 1.6 us an event: bench/ingest_bench.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Iterable, Iterator, Set
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -30,22 +34,34 @@ Scope = tuple[str, str, str]
 """(tenant, model name, prompt revision): what prefix ids are namespaced by."""
 NodeKey = tuple[Scope, int]
 FLEET_TYPES = (DeployStarted, DeployFinished, FleetScaled, EpochBumped)
+_timestamp = datetime.timestamp
 
 
 @dataclass(slots=True)
-class RequestCounts:
-    requests: int = 0
-    cold_requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    ttft_ms_sum: float = 0.0
-    ttft_count: int = 0
+class RequestColumns:
+    """The batch's requests, one entry per request in every list, in batch order.
+
+    `seconds` is `occurred_at` in Unix seconds (the store buckets it); `ttft_ms` is None where the
+    request reported none. Summed per (scope, leaf, bucket) by Postgres.
+    """
+
+    scopes: list[Scope] = field(default_factory=list)
+    leaves: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+    cached_tokens: list[int] = field(default_factory=list)
+    ttft_ms: list[float | None] = field(default_factory=list)
 
 
 @dataclass(slots=True)
-class MissCounts:
-    misses: int = 0
-    missed_tokens: int = 0
+class MissColumns:
+    """The batch's misses, one entry per miss: the first chain element that was not resident, and the
+    tokens missed (`chain_tokens[-1] - cached_tokens`, at least 0). Summed per (scope, prefix, bucket)."""
+
+    scopes: list[Scope] = field(default_factory=list)
+    prefixes: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    missed_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +107,8 @@ class CatalogEntry:
 class IngestBatch:
     """Everything one batch changes (its events were de-duplicated before they were folded)."""
 
-    request_counts: dict[tuple[Scope, int, int], RequestCounts] = field(default_factory=dict)
-    miss_counts: dict[tuple[Scope, int, int], MissCounts] = field(default_factory=dict)
+    requests: RequestColumns = field(default_factory=RequestColumns)
+    misses: MissColumns = field(default_factory=MissColumns)
     paths: dict[NodeKey, ChainPath] = field(default_factory=dict)
     """New chain ends, keyed by their leaf."""
     new_nodes: set[NodeKey] = field(default_factory=set)
@@ -117,29 +133,34 @@ class IngestBatch:
         }
 
     def scopes(self) -> set[Scope]:
-        found = {key[0] for key in self.paths}
-        found.update(key[0] for key in self.request_counts)
-        found.update(key[0] for key in self.miss_counts)
+        found = set(self.requests.scopes)
+        found.update(self.misses.scopes)
+        found.update(key[0] for key in self.paths)
         found.update(key[0] for key in self.catalog)
         return found
 
 
-def fold_events(
-    events: Iterable[Event], *, bucket_seconds: int, stored_nodes: Container[NodeKey]
-) -> IngestBatch:
-    """Fold `events` into one batch of deltas.
+def fold_events(events: Iterable[Event], *, stored_nodes: Set[NodeKey]) -> IngestBatch:
+    """Fold `events` into one batch.
 
-    `bucket_seconds` is the width of a statistics bucket; `stored_nodes` holds chain nodes already known
-    to be in the database, whose edges need not be written again (a cache; being wrong costs a no-op
-    write, never a wrong count). Events the planner does not ingest (plans) are counted in `ignored`.
+    `stored_nodes` holds chain nodes already known to be in the database, whose edges need not be
+    written again (a cache; being wrong costs a no-op write, never a wrong count). Events the planner
+    does not ingest (plans) are counted in `ignored`.
     """
     batch = IngestBatch()
+    events = list(events)
+    # The common case by class identity, in comprehensions: a loop dispatching each event cost more.
+    requests = [e for e in events if type(e) is RequestObserved]
+    if requests:
+        _fold_requests(batch, requests, stored_nodes)
+    if len(requests) == len(events):
+        return batch
+    misses: list[PrefixMissed] = []
     for event in events:
-        # The common case by class identity first: an isinstance check on a union costs more.
         if type(event) is RequestObserved:
-            _fold_request(batch, event, bucket_seconds, stored_nodes)
-        elif isinstance(event, PrefixMissed):
-            _fold_miss(batch, event, bucket_seconds)
+            continue
+        if isinstance(event, PrefixMissed):
+            misses.append(event)
         elif isinstance(event, ReplicaEvent):
             batch.replica_events.append(event)
         elif isinstance(event, FLEET_TYPES):
@@ -148,29 +169,40 @@ def fold_events(
             batch.plan_results.append(event)
         else:
             batch.ignored += 1
+    if misses:
+        _fold_misses(batch.misses, misses)
     return batch
 
 
-def _fold_request(
-    batch: IngestBatch, event: RequestObserved, bucket_seconds: int, stored: Container[NodeKey]
-) -> None:
-    scope = (event.tenant, event.model.name, event.prompt_rev)
-    chain = event.chain
-    key = (scope, chain[-1], int(event.occurred_at.timestamp()) // bucket_seconds)
-    counts = batch.request_counts.get(key)
-    if counts is None:
-        counts = batch.request_counts[key] = RequestCounts()
-    counts.requests += 1
-    counts.prompt_tokens += event.prompt_tokens
-    counts.cached_tokens += event.cached_tokens
-    if event.cached_tokens == 0:
-        counts.cold_requests += 1
-    if event.ttft_ms is not None:
-        counts.ttft_ms_sum += event.ttft_ms
-        counts.ttft_count += 1
+def _fold_requests(batch: IngestBatch, events: list[RequestObserved], stored: Set[NodeKey]) -> None:
+    columns = batch.requests
+    scopes = columns.scopes = [(e.tenant, e.model.name, e.prompt_rev) for e in events]
+    leaves = columns.leaves = [e.chain[-1] for e in events]
+    columns.seconds = [_timestamp(e.occurred_at) for e in events]
+    columns.prompt_tokens = [e.prompt_tokens for e in events]
+    columns.cached_tokens = [e.cached_tokens for e in events]
+    columns.ttft_ms = [e.ttft_ms for e in events]
+    unknown = set(zip(scopes, leaves, strict=True)).difference(stored)
+    if unknown:
+        # Each unknown leaf's first request, in batch order: the first to carry a node records it.
+        keys = list(zip(scopes, leaves, strict=True))
+        first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
+        for index in sorted(first[key] for key in unknown):
+            _add_path(batch, events[index], scopes[index], stored)
+    payloads = [e.payload for e in events]
+    if payloads.count(None) < len(payloads):
+        for event, scope, payload in zip(events, scopes, payloads, strict=True):
+            if payload is not None:
+                # The contract guarantees the payload's prefix is on the chain.
+                tokens = event.chain_tokens[event.chain.index(payload.prefix_id)]
+                batch.catalog[(scope, payload.prefix_id)] = CatalogEntry(payload, tokens, event.occurred_at)
+
+
+def _add_path(batch: IngestBatch, event: RequestObserved, scope: Scope, stored: Set[NodeKey]) -> None:
+    """The chain's new end below its deepest node known stored (or added by this batch), if any."""
     # Walk from the leaf up: once a node is known to be stored (or added here), so are its ancestors.
     new_nodes = batch.new_nodes
-    tokens = event.chain_tokens
+    chain, tokens = event.chain, event.chain_tokens
     known = len(chain) - 1
     while known >= 0 and (node := (scope, chain[known])) not in stored and node not in new_nodes:
         known -= 1
@@ -180,19 +212,10 @@ def _fold_request(
             chain[known] if known >= 0 else None, known + 1, fresh, tokens[known + 1 :], event.occurred_at
         )
         new_nodes.update((scope, prefix) for prefix in fresh)
-    payload = event.payload
-    if payload is not None:
-        # The contract guarantees the payload's prefix is on the chain.
-        at = chain.index(payload.prefix_id)
-        batch.catalog[(scope, payload.prefix_id)] = CatalogEntry(payload, tokens[at], event.occurred_at)
 
 
-def _fold_miss(batch: IngestBatch, event: PrefixMissed, bucket_seconds: int) -> None:
-    scope = (event.tenant, event.model.name, event.prompt_rev)
-    depth = min(event.resident_depth, len(event.chain) - 1)
-    key = (scope, event.chain[depth], int(event.occurred_at.timestamp()) // bucket_seconds)
-    counts = batch.miss_counts.get(key)
-    if counts is None:
-        counts = batch.miss_counts[key] = MissCounts()
-    counts.misses += 1
-    counts.missed_tokens += max(0, event.chain_tokens[-1] - event.cached_tokens)
+def _fold_misses(columns: MissColumns, events: list[PrefixMissed]) -> None:
+    columns.scopes = [(e.tenant, e.model.name, e.prompt_rev) for e in events]
+    columns.prefixes = [e.chain[min(e.resident_depth, len(e.chain) - 1)] for e in events]
+    columns.seconds = [_timestamp(e.occurred_at) for e in events]
+    columns.missed_tokens = [max(0, e.chain_tokens[-1] - e.cached_tokens) for e in events]

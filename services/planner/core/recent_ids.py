@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections import deque
 from collections.abc import Iterable
+from itertools import repeat
 
 
 class RecentIds:
@@ -53,9 +54,10 @@ class RecentIds:
         self.admit([i for i in dict.fromkeys(event_ids) if i not in self.ids])
 
 
-def pack_ids(event_ids: Iterable[uuid.UUID]) -> bytes:
-    """Ids as the ledger stores them: 16 bytes each, concatenated."""
-    return b"".join(event_id.bytes for event_id in event_ids)
+def pack_ids(event_ids: Iterable[int]) -> bytes:
+    """Ids (the 128-bit integers of the UUIDs) as the ledger stores them: 16 bytes each, big-endian,
+    concatenated: a UUID's `bytes`."""
+    return b"".join(map(int.to_bytes, event_ids, repeat(16)))  # big-endian by default (3.11)
 
 
 def unpack_ids(packed: bytes) -> list[uuid.UUID]:

@@ -1,0 +1,164 @@
+"""Postgres sums each batch's staged rows into the aggregates the events add up to (migration 0006).
+
+The planner's fold only lays events out one row each; these are the assertions on the sums, per
+(scope, prefix, time bucket), across batches, against real Postgres.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from warmplane.services.planner.core.ingest_batch import Scope, fold_events
+from warmplane.services.planner.core.node_cache import NodeCache
+from warmplane.services.planner.pg_store import PgIngestStore
+from warmplane.shared.events import Event, ModelRef, PrefixMissed, RequestObserved
+from warmplane.shared.prefix_chain import Namespace, chain_from_segments
+
+MODEL = ModelRef("llama", "rev-1")
+BASE = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+SEGMENTS = {b"a": 1, b"b": 2, b"c": 5}
+StatKey = tuple[Scope, int, int]
+
+
+@pytest.fixture
+async def pool(migrated_database: str) -> AsyncIterator[asyncpg.Pool]:
+    # One session: rows staged by a batch and left behind would be counted again by the next.
+    pool = await asyncpg.create_pool(
+        migrated_database, min_size=1, max_size=1, init=PgIngestStore.prepare_session
+    )
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+def epoch_seconds(at: datetime) -> int:
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(seconds=1)
+
+
+def random_event(rng: random.Random) -> RequestObserved | PrefixMissed:
+    """A request (or, one time in four, a miss) in one of four scopes, over a chain of up to four
+    segments, within ten minutes of BASE to the microsecond."""
+    tenant, revision = rng.choice(["acme", "globex"]), rng.choice(["", "v2"])
+    path = [rng.choice(sorted(SEGMENTS)) for _ in range(rng.randint(1, 4))]
+    chain = chain_from_segments(Namespace(tenant, MODEL.name, revision), path, [SEGMENTS[s] for s in path])
+    common: dict[str, object] = dict(
+        event_id=uuid.uuid4(),
+        occurred_at=BASE + timedelta(seconds=rng.randint(0, 600), microseconds=rng.randint(0, 999_999)),
+        producer="test",
+        tenant=tenant,
+        model=MODEL,
+        prompt_rev=revision,
+        replica="r0",
+        chain=list(chain.ids),
+        chain_tokens=list(chain.tokens),
+    )
+    if rng.random() < 0.25:
+        return PrefixMissed(
+            **common,  # type: ignore[arg-type]
+            resident_depth=rng.randint(0, len(path) + 1),
+            cached_tokens=rng.randint(0, chain.tokens[-1] + 10),
+        )
+    prompt_tokens = chain.tokens[-1] + rng.randint(0, 50)
+    return RequestObserved(
+        **common,  # type: ignore[arg-type]
+        prompt_tokens=prompt_tokens,
+        cached_tokens=rng.choice([0, 0, min(chain.tokens[0], prompt_tokens), prompt_tokens]),
+        ttft_ms=rng.choice([None, rng.uniform(0, 5_000)]),
+    )
+
+
+def expected_sums(
+    events: list[Event], bucket_seconds: int
+) -> tuple[dict[StatKey, list[float]], dict[StatKey, list[int]]]:
+    """Request sums (requests, cold, prompt, cached, ttft sum, ttft count) and miss sums (misses,
+    missed tokens) per (scope, prefix, bucket), added up one event at a time."""
+    requests: dict[StatKey, list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0, 0])
+    misses: dict[StatKey, list[int]] = defaultdict(lambda: [0, 0])
+    for event in events:
+        assert isinstance(event, RequestObserved | PrefixMissed)
+        scope = (event.tenant, event.model.name, event.prompt_rev)
+        bucket = epoch_seconds(event.occurred_at) // bucket_seconds
+        if isinstance(event, RequestObserved):
+            sums = requests[(scope, event.chain[-1], bucket)]
+            sums[0] += 1
+            sums[1] += event.cached_tokens == 0
+            sums[2] += event.prompt_tokens
+            sums[3] += event.cached_tokens
+            sums[4] += event.ttft_ms or 0.0
+            sums[5] += event.ttft_ms is not None
+        else:
+            first_missing = event.chain[min(event.resident_depth, len(event.chain) - 1)]
+            counts = misses[(scope, first_missing, bucket)]
+            counts[0] += 1
+            counts[1] += max(0, event.chain_tokens[-1] - event.cached_tokens)
+    return requests, misses
+
+
+async def stored_sums(
+    db: asyncpg.Pool,
+) -> tuple[dict[StatKey, list[float]], dict[StatKey, list[int]]]:
+    requests = await db.fetch(
+        "SELECT s.tenant, s.model, s.prompt_rev, p.prefix_id, p.bucket, p.requests, p.cold_requests,"
+        " p.prompt_tokens, p.cached_tokens, p.ttft_ms_sum, p.ttft_count"
+        " FROM prefix_stats p JOIN scopes s USING (scope_id)"
+    )
+    misses = await db.fetch(
+        "SELECT s.tenant, s.model, s.prompt_rev, m.prefix_id, m.bucket, m.misses, m.missed_tokens"
+        " FROM miss_stats m JOIN scopes s USING (scope_id)"
+    )
+    return (
+        {((r[0], r[1], r[2]), r[3], r[4]): list(r[5:]) for r in requests},
+        {((r[0], r[1], r[2]), r[3], r[4]): list(r[5:]) for r in misses},
+    )
+
+
+@pytest.mark.parametrize("bucket_seconds", [1, 7, 60, 3600])
+async def test_counters_are_sums_per_scope_prefix_and_bucket_across_batches(
+    pool: asyncpg.Pool, bucket_seconds: int
+) -> None:
+    rng = random.Random(bucket_seconds)
+    store = PgIngestStore(pool, "g", bucket_seconds)
+    nodes = NodeCache()
+    events: list[Event] = []
+    for _ in range(4):  # later batches add to the rows earlier ones made
+        batch_events: list[Event] = [random_event(rng) for _ in range(250)]
+        batch = fold_events(batch_events, stored_nodes=nodes)
+        await store.write([], batch)
+        nodes.add_all(batch.new_nodes)
+        events += batch_events
+
+    expected_requests, expected_misses = expected_sums(events, bucket_seconds)
+    requests, misses = await stored_sums(pool)
+    assert requests.keys() == expected_requests.keys()
+    for key, sums in requests.items():
+        assert sums == pytest.approx(expected_requests[key])
+    assert misses == expected_misses
+
+
+async def test_buckets_are_occurred_at_seconds_floor_divided_by_the_width(pool: asyncpg.Pool) -> None:
+    chain = chain_from_segments(Namespace("acme", MODEL.name, ""), [b"a"], [1])
+    events: list[Event] = [
+        RequestObserved(
+            event_id=uuid.uuid4(),
+            occurred_at=datetime.fromtimestamp(seconds, UTC),
+            producer="test",
+            tenant="acme",
+            model=MODEL,
+            replica="r0",
+            chain=list(chain.ids),
+            chain_tokens=list(chain.tokens),
+            prompt_tokens=1,
+        )
+        for seconds in (119.999, 120.0, 179.5, 180.0, 1_764_417_659.999_999)
+    ]
+    await PgIngestStore(pool, "g", 60).write([], fold_events(events, stored_nodes=set()))
+    rows = await pool.fetch("SELECT bucket, requests FROM prefix_stats ORDER BY bucket")
+    assert [tuple(row) for row in rows] == [(1, 1), (2, 2), (3, 1), (29_406_960, 1)]
