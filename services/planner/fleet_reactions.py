@@ -117,7 +117,7 @@ class FleetReactor:
 
     async def _judge_cold_starts(self, batch: IngestBatch) -> None:
         models = set()
-        for model, bucket, requests, cold in model_bucket_counts(batch.request_counts):
+        for model, bucket, requests, cold in model_bucket_counts(batch.requests, self._bucket_seconds):
             self.monitor.observe(model, bucket, requests, cold)
             models.add(model)
         for model in sorted(models):

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from tests.unit.memory_planner import BUCKET, MODEL, NOW, MemoryFleet, MemoryPlans, Published
 from warmplane.services.planner.core.cold_start import ColdStartMonitor, ColdStartRule
 from warmplane.services.planner.core.deploy_epochs import EpochState, Revisions, deploy_bumps
-from warmplane.services.planner.core.ingest_batch import IngestBatch, RequestCounts
+from warmplane.services.planner.core.ingest_batch import IngestBatch, RequestColumns
 from warmplane.services.planner.fleet_reactions import FleetReactor
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica
@@ -208,8 +208,16 @@ def test_scaling_plans_ready_replicas_for_what_they_lack_only() -> None:
 
 
 def cold_batch(bucket: int, requests: int, cold: int) -> IngestBatch:
-    counts = RequestCounts(requests=requests, cold_requests=cold)
-    return IngestBatch(request_counts={(("tenant-1", MODEL.name, "v1"), 5, bucket): counts})
+    """`requests` requests in the 60 s `bucket`, the first `cold` of them with no cached token."""
+    columns = RequestColumns(
+        scopes=[("tenant-1", MODEL.name, "v1")] * requests,
+        leaves=[5] * requests,
+        seconds=[bucket * 60 + 0.5 + i / (2 * requests) for i in range(requests)],
+        prompt_tokens=[100] * requests,
+        cached_tokens=[0] * cold + [32] * (requests - cold),
+        ttft_ms=[None] * requests,
+    )
+    return IngestBatch(requests=columns)
 
 
 def test_a_cold_start_alarm_is_recorded_counted_and_re_plans_once_per_episode() -> None:

@@ -10,11 +10,11 @@ complete bucket with at least `min_requests` requests has a cold share at or bel
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from warmplane.services.planner.core.ingest_batch import RequestCounts, Scope
+from warmplane.services.planner.core.ingest_batch import RequestColumns
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,13 +102,12 @@ class ColdStartMonitor:
         return None
 
 
-def model_bucket_counts(
-    request_counts: Mapping[tuple[Scope, int, int], RequestCounts],
-) -> Iterable[tuple[str, int, int, int]]:
-    """A batch's request counts summed per (model, bucket): (model, bucket, requests, cold requests)."""
+def model_bucket_counts(requests: RequestColumns, bucket_seconds: int) -> Iterable[tuple[str, int, int, int]]:
+    """A batch's requests summed per (model, bucket of `bucket_seconds`): (model, bucket, requests, cold
+    requests), a cold request being one with no cached token."""
     sums: dict[tuple[str, int], list[int]] = {}
-    for (scope, _prefix, bucket), counts in request_counts.items():
-        pair = sums.setdefault((scope[1], bucket), [0, 0])
-        pair[0] += counts.requests
-        pair[1] += counts.cold_requests
+    for scope, seconds, cached in zip(requests.scopes, requests.seconds, requests.cached_tokens, strict=True):
+        pair = sums.setdefault((scope[1], int(seconds) // bucket_seconds), [0, 0])
+        pair[0] += 1
+        pair[1] += cached == 0
     return [(model, bucket, pair[0], pair[1]) for (model, bucket), pair in sorted(sums.items())]
