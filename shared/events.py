@@ -200,6 +200,16 @@ class EpochBumped(Event, kw_only=True, frozen=True, tag="epoch.bumped"):
     reason: Annotated[str, Meta(max_length=256)] = ""
 
 
+class ReplicaRewarmRequested(Event, kw_only=True, frozen=True, tag="replica.rewarm_requested"):
+    """Someone (`producer`) asked for `replica` to be warmed again in full: its cache is not what the
+    records say (an engine restarted unnoticed, a cache flushed by hand)."""
+
+    FAMILY = "fleet"
+
+    replica: Name
+    reason: Annotated[str, Meta(max_length=256)] = ""
+
+
 class WarmItem(Struct, frozen=True, gc=False):
     """One prefix to pre-fill: its id, its tokens, the payload that renders it, and the namespace it
     belongs to: the tenant and its (tenant, model) `epoch` pick the `cache_salt` (a plan for a replica
@@ -231,6 +241,8 @@ class WarmPlanIssued(Event, kw_only=True, frozen=True, tag="warm_plan.issued"):
     deadline: AwareTime
     trigger_event_id: uuid.UUID | None = None
     """The `replica.started` event the plan answers, so a warmer drops one for an earlier start."""
+    rewarm: bool = False
+    """Warm every item, even those the warmer believes its replica holds (a requested re-warm)."""
 
 
 class WarmProgressed(Event, kw_only=True, frozen=True, tag="warm.progressed"):
@@ -271,6 +283,7 @@ AnyEvent = (
     | DeployFinished
     | FleetScaled
     | EpochBumped
+    | ReplicaRewarmRequested
     | WarmPlanIssued
     | WarmProgressed
     | WarmFinished

@@ -48,7 +48,8 @@ WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR model = $2) ORD
 """
 EPOCH_HISTORY = """
 SELECT event_id, type, occurred_at, revision, body::text FROM fleet_changes
-WHERE model = $1 AND (tenant = $2 OR (tenant = '' AND type <> 'epoch.bumped'))
+WHERE model = $1 AND (tenant = $2 OR tenant = '')
+  AND type IN ('epoch.bumped', 'deploy.started', 'deploy.finished')
 ORDER BY occurred_at DESC LIMIT $3
 """
 TOP_MISSES = """

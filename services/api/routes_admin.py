@@ -1,4 +1,5 @@
-"""Admin actions: bump an epoch, announce a deploy or a scale (the webhook CI/CD and autoscalers call).
+"""Admin actions: bump an epoch, re-warm a replica, announce a deploy or a scale (the webhook CI/CD and
+autoscalers call).
 
 Each action is an event published, acknowledged by the broker, to the lifecycle topic, where the
 planner acts on it like on any other producer's; the answer (202) names the event. The event's
@@ -9,13 +10,29 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, HTTPException, status
 
 from warmplane.services.api.deps import ApiDeps, Caller, Deps
 from warmplane.services.api.routes_read import ERRORS
-from warmplane.services.api.schemas import Accepted, AnnounceDeploy, AnnounceScale, BumpEpoch, Name, Problem
+from warmplane.services.api.schemas import (
+    Accepted,
+    AnnounceDeploy,
+    AnnounceScale,
+    BumpEpoch,
+    Name,
+    Problem,
+    RewarmReplica,
+)
 from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.events import DeployFinished, DeployStarted, EpochBumped, Event, FleetScaled, ModelRef
+from warmplane.shared.events import (
+    DeployFinished,
+    DeployStarted,
+    EpochBumped,
+    Event,
+    FleetScaled,
+    ModelRef,
+    ReplicaRewarmRequested,
+)
 
 router = APIRouter(
     prefix="/v1",
@@ -47,6 +64,33 @@ async def bump_epoch(deps: Deps, caller: Caller, tenant: Name, model: Name, body
     )
     await _publish(deps, event)
     return Accepted(event_id=event.event_id, type="epoch.bumped", epoch=epoch)
+
+
+@router.post(
+    "/rewarms",
+    response_model=Accepted,
+    status_code=status.HTTP_202_ACCEPTED,
+    responses={404: {"model": Problem, "description": "no such replica"}},
+)
+async def rewarm_replica(deps: Deps, caller: Caller, body: RewarmReplica) -> Accepted:
+    """Warm a replica again in full, even what the records say it holds (its engine restarted
+    unnoticed, its cache was flushed): the planner plans its whole share at once, flagged so its
+    warmer warms every item. It keeps serving meanwhile, topped up a request at a time."""
+    caller.require_admin()
+    rows = await deps.read.replicas(replica=body.replica)
+    if not rows:
+        raise HTTPException(404, f"no replica {body.replica!r}")
+    row = rows[0]
+    event = ReplicaRewarmRequested(
+        event_id=new_event_id(),
+        occurred_at=datetime.now(UTC),
+        producer=_producer(caller.name),
+        model=ModelRef(row["model"], row["model_revision"]),
+        replica=body.replica,
+        reason=body.reason or f"requested by {caller.name}",
+    )
+    await _publish(deps, event)
+    return Accepted(event_id=event.event_id, type="replica.rewarm_requested")
 
 
 @router.post("/deploys", response_model=Accepted, status_code=status.HTTP_202_ACCEPTED)

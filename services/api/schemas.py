@@ -185,6 +185,13 @@ class AnnounceDeploy(BaseModel):
     prompt_revs: Annotated[list[OptionalName], Field(max_length=64)] = []
 
 
+class RewarmReplica(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    replica: Name
+    reason: Annotated[str, Field(max_length=256)] = ""
+
+
 class AnnounceScale(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

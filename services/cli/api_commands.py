@@ -32,60 +32,71 @@ HANDLERS: dict[str, Handler] = {}
 
 def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the API's commands to the `warmplane` parser."""
+    _add_reads(commands)
+    _add_actions(commands)
 
-    def command(name: str, text: str) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = commands.add_parser(
-            name, help=text, description=text + " (WARMPLANE_API_URL, WARMPLANE_API_TOKEN)"
-        )
-        parser.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
-        return parser
 
-    p = command("replicas", "list replicas with their state and warm progress")
+def _command(commands: argparse._SubParsersAction, name: str, text: str) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name, help=text, description=text + " (WARMPLANE_API_URL, WARMPLANE_API_TOKEN)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
+    return parser
+
+
+def _add_reads(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = _command(commands, "replicas", "list replicas with their state and warm progress")
     p.add_argument("--model")
     p.add_argument("--state")
-    command("replica", "one replica and its transitions").add_argument("replica")
-    p = command("plans", "list warm plans and their outcomes, newest first")
+    _command(commands, "replica", "one replica and its transitions").add_argument("replica")
+    p = _command(commands, "plans", "list warm plans and their outcomes, newest first")
     p.add_argument("--replica")
     p.add_argument("--model")
     p.add_argument("--state")
     p.add_argument("--limit", type=int, default=50)
-    p = command("epochs", "current cache epochs per tenant and model")
+    p = _command(commands, "epochs", "current cache epochs per tenant and model")
     p.add_argument("--tenant")
     p.add_argument("--model")
-    p = command("bump-epoch", "move (tenant, model) to a new cache epoch and re-warm it (admin)")
-    p.add_argument("--tenant", required=True)
-    p.add_argument("--model", required=True)
-    p.add_argument("--reason", default="")
-    p = command("misses", "the prefixes that missed most")
+    p = _command(commands, "misses", "the prefixes that missed most")
     p.add_argument("--model")
     p.add_argument("--tenant")
     p.add_argument("--window-s", type=int)
     p.add_argument("--limit", type=int, default=20)
-    p = command("traffic", "prefix hit ratio and cold starts over time")
+    p = _command(commands, "traffic", "prefix hit ratio and cold starts over time")
     p.add_argument("--model")
     p.add_argument("--tenant")
     p.add_argument("--window-s", type=int)
     p.add_argument("--step-s", type=int)
-    p = command("warm-sets", "what a model's live replicas hold, and the traffic it covers")
+    p = _command(commands, "warm-sets", "what a model's live replicas hold, and the traffic it covers")
     p.add_argument("--model", required=True)
     p.add_argument("--tenant")
     p.add_argument("--window-s", type=int)
-    p = command("deploy", "announce that a rollout started or finished (admin; for CI/CD)")
+    p = _command(commands, "wait-ready", "wait until a replica is ready, showing its warm-up")
+    p.add_argument("replica")
+    p.add_argument("--timeout-s", type=float, default=600.0)
+    p.add_argument("--poll-s", type=float, default=1.0)
+
+
+def _add_actions(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = _command(commands, "bump-epoch", "move (tenant, model) to a new cache epoch and re-warm it (admin)")
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--reason", default="")
+    p = _command(commands, "rewarm", "warm a replica again in full, even what it is believed to hold (admin)")
+    p.add_argument("replica")
+    p.add_argument("--reason", default="")
+    p = _command(commands, "deploy", "announce that a rollout started or finished (admin; for CI/CD)")
     p.add_argument("phase", choices=["started", "finished"])
     p.add_argument("--model", required=True)
     p.add_argument("--tenant", default="")
     p.add_argument("--revision", default="", help="the weights revision rolled out")
     p.add_argument("--prompt-rev", action="append", default=[], help="a prompt revision (repeatable)")
-    p = command("scale", "announce a change of a model's replica count (admin; for autoscalers)")
+    p = _command(commands, "scale", "announce a change of a model's replica count (admin; for autoscalers)")
     p.add_argument("--model", required=True)
     p.add_argument("--tenant", default="")
     p.add_argument("--revision", default="")
     p.add_argument("--from", dest="from_replicas", type=int, required=True)
     p.add_argument("--to", dest="to_replicas", type=int, required=True)
-    p = command("wait-ready", "wait until a replica is ready, showing its warm-up")
-    p.add_argument("replica")
-    p.add_argument("--timeout-s", type=float, default=600.0)
-    p.add_argument("--poll-s", type=float, default=1.0)
 
 
 def run(client: ApiClient, args: argparse.Namespace, out: TextIO) -> int:
@@ -199,6 +210,15 @@ def _warm_sets(client: ApiClient, args: argparse.Namespace, out: TextIO) -> int:
     answer = client.get("/v1/warm-sets", model=args.model, tenant=args.tenant, window_s=args.window_s)
     columns = ("tenant", "model", "epoch", "prefixes", "tokens", "replicas", "verified_replicas", "coverage")
     return _show(out, args, answer, answer, columns)
+
+
+@_handles("rewarm")
+def _rewarm(client: ApiClient, args: argparse.Namespace, out: TextIO) -> int:
+    answer = client.post("/v1/rewarms", {"replica": args.replica, "reason": args.reason})
+    if args.json:
+        return _show(out, args, answer, [], ())
+    print(f"re-warm of {args.replica} requested (event {answer['event_id']})", file=out)
+    return 0
 
 
 @_handles("deploy")

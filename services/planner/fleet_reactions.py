@@ -11,6 +11,8 @@
   them the leaving replicas' keys); what they hold is subtracted, so one that gains nothing gets no
   plan. New replicas are planned by their own `replica.started`, which their warmer announces before the
   engine loads and holds `/ready` on, so they are warm before they take traffic.
+- `replica.rewarm_requested` (the API's re-warm action): plans that replica in full, as if it held
+  nothing, flagged `rewarm` so its warmer warms even what it believes it holds.
 - request counts feed the cold-start alarm (`core.cold_start`): when it fires for a model, the alarm is
   recorded (`cold_start_alarms`), counted (`warmplane_planner_cold_start_alarms_total{model}`) and the
   model's ready replicas are planned again (only what they lack); when it clears, its row is closed.
@@ -47,6 +49,7 @@ from warmplane.shared.events import (
     EpochBumped,
     Event,
     FleetScaled,
+    ReplicaRewarmRequested,
     ReplicaStarted,
 )
 
@@ -151,6 +154,15 @@ class FleetReactor:
                 change.to_replicas,
             )
             await self._issuer.plan_live(change.model.name, change.event_id, states=READY)
+        elif isinstance(change, ReplicaRewarmRequested):
+            plans = await self._issuer.rewarm(change.model.name, change.replica, change.event_id)
+            log.info(
+                "re-warm of %s requested by %s (%s): %s",
+                change.replica,
+                change.producer,
+                change.reason or "no reason given",
+                f"plan {plans[0].plan_id}" if plans else "not live, or already planned for it",
+            )
 
     async def _deploy(self, deploy: DeployStarted | DeployFinished) -> None:
         """Bump the epochs the deploy makes stale, publish the bumps, and plan the new epochs."""

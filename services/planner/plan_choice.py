@@ -12,7 +12,7 @@ payload renders them and their chain). Items name their tenant, prompt revision 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -120,19 +120,30 @@ class WarmSetChooser:
         self._clock = clock
 
     async def choose(
-        self, model: str, tenant: str | None, epoch: int, replicas: Sequence[str]
+        self,
+        model: str,
+        tenant: str | None,
+        epoch: int,
+        replicas: Sequence[str],
+        *,
+        holding_nothing: Collection[str] = (),
     ) -> dict[str, Choice]:
         """Each of `replicas`' items for `model`: of `tenant`'s prefixes only if given, each at its tenant's
-        current epoch (at least `epoch` for `tenant`). Raises what the store raises."""
+        current epoch (at least `epoch` for `tenant`), minus what each holds (nothing for those in
+        `holding_nothing`: a requested re-warm). Raises what the store raises."""
         now = self._clock()
         view = await self._read(model, tenant, epoch, now)
         chosen: dict[str, tuple[list[int], int]] = {}
         for replica in replicas:
-            resident = {
-                held.prefix_id
-                for held in await self._store.held(replica)
-                if held.epoch == view.epochs.get(held.tenant, 0)
-            }
+            resident = (
+                set()
+                if replica in holding_nothing
+                else {
+                    held.prefix_id
+                    for held in await self._store.held(replica)
+                    if held.epoch == view.epochs.get(held.tenant, 0)
+                }
+            )
             blocks, limit = choose_for_replica(
                 view.trie,
                 now.timestamp(),

@@ -115,6 +115,22 @@ class PlanIssuer:
             ]
         )
 
+    async def rewarm(self, model: str, replica: str, trigger: uuid.UUID) -> list[WarmPlanIssued]:
+        """Plan `replica` of `model` in full (as if it held nothing), flagged so its warmer warms every
+        item; nothing if it is not live. Raises what the store raises listing replicas."""
+        live = [r for r in await self._store.live_replicas(model) if r.replica == replica]
+        return await self.issue_all(
+            [
+                Wanted(
+                    Target(r.replica, r.node, ModelRef(model, r.revision), trigger, False, rewarm=True),
+                    None,
+                    0,
+                )
+                for r in live
+                if r.state in LIVE_STATES
+            ]
+        )
+
     async def issue_all(self, wanted: Sequence[Wanted]) -> list[WarmPlanIssued]:
         """Choose once per (model, tenant, epoch) for all its replicas, record each plan, then publish them
         all at once: many replicas starting together wait for one read and one round of acknowledgements.
@@ -125,7 +141,13 @@ class PlanIssuer:
         recorded: list[WarmPlanIssued] = []
         for (model, tenant, epoch), group in groups.items():
             try:
-                choices = await self._chooser.choose(model, tenant, epoch, [w.target.replica for w in group])
+                choices = await self._chooser.choose(
+                    model,
+                    tenant,
+                    epoch,
+                    [w.target.replica for w in group],
+                    holding_nothing={w.target.replica for w in group if w.target.rewarm},
+                )
             except Exception:  # a plan must not stop ingestion; later work re-plans (module doc)
                 self._metrics.plan_failures.inc(len(group))
                 log.exception("could not choose plans of %s for %d replicas", model, len(group))
@@ -209,6 +231,7 @@ class PlanIssuer:
             budget_tokens=choice.budget_tokens,
             deadline=now + timedelta(seconds=self._settings.deadline_s),
             trigger_event_id=target.trigger if target.answers_start else None,
+            rewarm=target.rewarm,
         )
 
 
@@ -222,6 +245,8 @@ class Target:
     model: ModelRef
     trigger: uuid.UUID
     answers_start: bool
+    rewarm: bool = False
+    """A requested re-warm: the replica is taken to hold nothing, and its warmer warms every item."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -496,3 +496,24 @@ async def test_wait_ready_follows_a_replica_until_it_turns_ready(world: World) -
 async def _status_is(world: World, replica: str, state: str) -> bool:
     response = await _get(world, f"/v1/replicas/{replica}", READER)
     return response.status_code == 200 and response.json()["state"] == state
+
+
+async def test_a_rewarm_through_the_api_plans_the_replica_in_full_for_its_warmer(world: World) -> None:
+    unknown = await _post(world, "/v1/rewarms", {"replica": "r-404"})
+    assert unknown.status_code == 404 and unknown.json() == {"error": "no replica 'r-404'"}
+    code, output = await _cli(world, ADMIN, "rewarm", "r-1", "--reason", "engine restarted by hand")
+    assert code == 0 and output.startswith("re-warm of r-1 requested (event ")
+    event_id = output.rsplit("(event ", 1)[1].rstrip(")\n")
+    kafka = world.planner.kafka
+    codec = EventCodec(kafka.max_event_bytes)
+
+    async def planned() -> bool:
+        records = await read_topic(kafka, Topics(kafka.topic_prefix).plans)
+        return any(
+            isinstance(plan, WarmPlanIssued) and plan.rewarm and plan.replica == "r-1"
+            for plan in map(codec.decode, (r.value for r in records))
+        )
+
+    await poll_until(planned, timeout_s=_TIMEOUT_S, what="r-1's re-warm plan")
+    history = (await _get(world, "/v1/epochs/history", ADMIN, tenant="acme", model=MODEL.name)).json()
+    assert event_id not in {change["event_id"] for change in history["history"]}  # not an epoch change

@@ -29,6 +29,7 @@ from warmplane.shared.events import (
     FleetScaled,
     ModelRef,
     PrefixPayload,
+    ReplicaRewarmRequested,
 )
 from warmplane.shared.hash_ring import HashRing
 
@@ -205,6 +206,29 @@ def test_scaling_plans_ready_replicas_for_what_they_lack_only() -> None:
     )
     asyncio.run(reactor.after_commit(IngestBatch(fleet_changes=[again])))
     assert published.plans == []  # it holds everything: no plan
+
+
+def test_a_requested_rewarm_plans_that_replica_in_full_and_flags_the_plan() -> None:
+    store, _fleet, published, _metrics, reactor = fleet()
+    store.live.append(LiveReplica("s", "node-s", "w1", "ready", None))
+    store.holding = {"s": [HeldItem(5, "tenant-1", 0), HeldItem(6, "tenant-2", 0)]}
+    owned = sorted(prefix for prefix in (5, 6) if HashRing(["r", "s"]).owner(prefix) == "s")
+    assert owned, "the ring gives s no prefix: pick other names"
+
+    def rewarm(replica: str) -> ReplicaRewarmRequested:
+        return ReplicaRewarmRequested(
+            event_id=new_event_id(), occurred_at=NOW, producer="api:ci", model=MODEL, replica=replica
+        )
+
+    request = rewarm("s")
+    asyncio.run(reactor.after_commit(IngestBatch(fleet_changes=[request, rewarm("gone")])))
+    # It holds both, yet gets its whole share again; a replica that is not live gets nothing.
+    [plan] = published.plans
+    assert (plan.replica, plan.rewarm, [i.prefix_id for i in plan.items]) == ("s", True, owned)
+    assert plan.trigger_event_id is None
+    published.plans.clear()
+    asyncio.run(reactor.after_commit(IngestBatch(fleet_changes=[request])))
+    assert published.plans == []  # the same request again: already planned for it
 
 
 def cold_batch(bucket: int, requests: int, cold: int) -> IngestBatch:

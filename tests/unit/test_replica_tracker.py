@@ -293,6 +293,17 @@ def test_a_crash_forgets_what_was_held_so_a_restart_warms_it_again() -> None:
     assert (again.items, again.already_held) == ([item(1), item(2)], 0)
 
 
+def test_a_rewarm_plan_warms_even_what_the_replica_is_believed_to_hold() -> None:
+    replica = loaded()
+    first = accept_and_run(replica, plan(1, [item(1), item(2)]))
+    replica.finished(outcome(first), NOW)
+    again = accept_and_run(replica, plan(2, [item(1), item(2), item(3)]))
+    assert (again.items, again.already_held) == ([item(3)], 2)
+    replica.finished(outcome(again), NOW)
+    forced = accept_and_run(replica, msgspec.structs.replace(plan(3, [item(1), item(2)]), rewarm=True))
+    assert (forced.items, forced.already_held) == ([item(1), item(2)], 0)
+
+
 def test_an_outcome_of_an_earlier_incarnations_run_is_ignored() -> None:
     replica = loaded()
     earlier = accept_and_run(replica, plan(1, [item(1)]))

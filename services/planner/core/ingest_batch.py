@@ -25,6 +25,7 @@ from warmplane.shared.events import (
     PrefixMissed,
     PrefixPayload,
     ReplicaEvent,
+    ReplicaRewarmRequested,
     RequestObserved,
     WarmFinished,
     WarmProgressed,
@@ -33,7 +34,7 @@ from warmplane.shared.events import (
 Scope = tuple[str, str, str]
 """(tenant, model name, prompt revision): what prefix ids are namespaced by."""
 NodeKey = tuple[Scope, int]
-FLEET_TYPES = (DeployStarted, DeployFinished, FleetScaled, EpochBumped)
+FLEET_TYPES = (DeployStarted, DeployFinished, FleetScaled, EpochBumped, ReplicaRewarmRequested)
 _timestamp = datetime.timestamp
 
 

@@ -233,7 +233,7 @@ class ReplicaTracker:
             return None
         plan = self._pending.popleft()
         self.running = plan
-        todo = [item for item in plan.items if held_key(plan, item) not in self.held]
+        todo = [item for item in plan.items if plan.rewarm or held_key(plan, item) not in self.held]
         held = len(plan.items) - len(todo)
         kept = _within(todo, fill_limit_tokens)
         transitions = []
