@@ -270,7 +270,7 @@ class Ingestor:
         self._metrics.duplicates.inc(work.duplicates)
         for kind, count in Counter(type(event) for event in work.events).items():
             self._metrics.events.labels(type=event_type(kind)).inc(count)
-        if (batch.replica_events or batch.fleet_changes) and self._after_commit is not None:
+        if (batch.replica_events or batch.fleet_changes or batch.plan_results) and self._after_commit:
             await self._after_commit(batch)
         if not self._broker_commits:
             return

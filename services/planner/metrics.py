@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class PlannerMetrics:
@@ -38,6 +38,20 @@ class PlannerMetrics:
         self.plan_failures = Counter(
             "warmplane_planner_plan_failures",
             "Warm plans that could not be chosen, recorded or published",
+            registry=registry,
+        )
+        self.plan_outcomes = Counter(
+            "warmplane_planner_plan_outcomes",
+            "Plan outcomes the warmers reported (warm.finished), counted once their batch committed",
+            ["outcome"],  # verified, partial, failed
+            registry=registry,
+        )
+        for outcome in ("verified", "partial", "failed"):
+            self.plan_outcomes.labels(outcome)  # at 0 from the start: increase() misses a series' first step
+        self.consumer_lag = Gauge(
+            "warmplane_planner_consumer_lag",
+            "Events on each assigned partition not yet read (log end offset minus position)",
+            ["topic", "partition"],
             registry=registry,
         )
         self.batch_seconds = Histogram(

@@ -32,6 +32,7 @@ import msgspec
 from warmplane.services.planner.core.ingest_batch import IngestBatch
 from warmplane.services.planner.core.simple_plan import Candidate, NodeKey, choose_warm_set
 from warmplane.services.planner.metrics import PlannerMetrics
+from warmplane.services.planner.pg_store import plan_state
 from warmplane.services.planner.settings import PlanSettings
 from warmplane.shared.codec import DEFAULT_MAX_EVENT_BYTES
 from warmplane.shared.event_ids import new_event_id
@@ -40,6 +41,7 @@ from warmplane.shared.events import (
     ModelRef,
     PrefixPayload,
     ReplicaStarted,
+    WarmFinished,
     WarmItem,
     WarmPlanIssued,
 )
@@ -61,6 +63,7 @@ class PlanStore(Protocol):
     async def mark_published(self, plan_id: uuid.UUID, at: datetime) -> None: ...
     async def unpublished(self, *, issued_before: datetime, alive_at: datetime) -> list[WarmPlanIssued]: ...
     async def unplanned_starts(self, *, since: datetime, before: datetime) -> list[Unplanned]: ...
+    async def standing(self, results: Sequence[WarmFinished]) -> list[WarmFinished]: ...
 
 
 class PlanPublisher(Protocol):
@@ -97,7 +100,8 @@ class PlanIssuer:
     async def after_commit(self, batch: IngestBatch) -> None:
         """Plan every replica that `batch` (already committed) reports starting, and every live replica of
         a model whose epoch it bumps. Never raises: the batch's counts stand whatever happens to its
-        plans, and a failure is logged and counted."""
+        plans, and a failure is logged and counted. Counts the plan outcomes `batch` recorded."""
+        await self._count_outcomes([r for r in batch.plan_results if isinstance(r, WarmFinished)])
         wanted: list[Wanted] = [
             Wanted(Target(e.replica, e.node, e.model, e.event_id, answers_start=True), None, e.epoch or 0)
             for e in batch.replica_events
@@ -111,6 +115,19 @@ class PlanIssuer:
                     self._metrics.plan_failures.inc()
                     log.exception("could not list the replicas of %s to re-plan", change.model.name)
         await self._issue_all(wanted)
+
+    async def _count_outcomes(self, results: Sequence[WarmFinished]) -> None:
+        """Count each result that became its plan's outcome (a later one for the same plan, such as a
+        restarted warmer refusing an old plan as expired, is not: the table keeps the first)."""
+        if not results:
+            return
+        try:
+            standing = await self._store.standing(results)
+        except Exception:  # a metric must not stop planning
+            log.warning("could not read which of %d plan outcomes stood", len(results), exc_info=True)
+            return
+        for result in standing:
+            self._metrics.plan_outcomes.labels(plan_state(result)).inc()
 
     async def issue(self, started: ReplicaStarted) -> WarmPlanIssued | None:
         """Choose, record and publish the plan `started` triggers; None if one was already recorded

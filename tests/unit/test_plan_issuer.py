@@ -23,6 +23,7 @@ from warmplane.shared.events import (
     ReplicaBecameReady,
     ReplicaEvent,
     ReplicaStarted,
+    WarmFinished,
     WarmItem,
     WarmPlanIssued,
 )
@@ -79,6 +80,9 @@ class MemoryPlans:
     async def unplanned_starts(self, *, since: datetime, before: datetime) -> list[Unplanned]:
         planned = {trigger for trigger, _replica in self.rows}
         return [start for start in self.unplanned if start.trigger not in planned]
+
+    async def standing(self, results: Sequence[WarmFinished]) -> list[WarmFinished]:
+        return list(results)
 
 
 class Published:
