@@ -4,6 +4,8 @@ minutes. promtool comes from `make promtool` (infra/prometheus/install-promtool.
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -14,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "infra" / "prometheus"
 RULES = PROMETHEUS / "warmplane-rules.yml"
 RULE_TESTS = sorted((PROMETHEUS / "tests").glob("*.yml"))
+DASHBOARD = ROOT / "infra" / "grafana" / "warmplane-overview.json"
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +76,19 @@ def test_a_wrong_expectation_fails(promtool: Path, tmp_path: Path) -> None:
     result = _run(promtool, "test", "rules", moved)
     assert result.returncode != 0
     assert "WarmplaneColdStartRatioHigh, time: 18m" in result.stdout + result.stderr
+
+
+def test_the_dashboards_queries_are_valid_promql(promtool: Path, tmp_path: Path) -> None:
+    """Each panel's query, as a recording rule, through promtool's parser (Grafana's interval variables
+    stand in as 5m)."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    rules = [
+        {"record": f"panel_{panel['id']}_{target['refId']}", "expr": re.sub(r"\$__\w+", "5m", target["expr"])}
+        for panel in panels
+        for target in panel["targets"]
+    ]
+    queries = tmp_path / "dashboard-queries.yml"
+    queries.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = _run(promtool, "check", "rules", queries)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout
