@@ -4,14 +4,14 @@
 # the package is downloaded and unpacked, and only promtool is kept.
 #
 # Contract:
-# - Destination: $WARMPLANE_PROMTOOL, default <project>/.warmplane/tools/promtool.
+# - Destination: <project>/.warmplane/tools/promtool (where tests/unit/test_alert_rules.py looks).
 # - Idempotent: an existing promtool that runs is kept, nothing is downloaded.
 # - Needs apt (Debian or Ubuntu). Package lists are refreshed only when the download fails without them
 #   (a fresh CI image has none); that step needs root, as CI runs.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-DEST="${WARMPLANE_PROMTOOL:-$ROOT/.warmplane/tools/promtool}"
+DEST="$ROOT/.warmplane/tools/promtool"
 
 if [[ -x "$DEST" ]] && "$DEST" --version >/dev/null 2>&1; then
     echo "promtool present: $DEST"
