@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.errors import IllegalStateError
 from prometheus_client import Gauge
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ Lag = dict[tuple[str, int], int]
 
 async def partition_lag(consumer: AIOKafkaConsumer, timeout_s: float) -> Lag:
     """The lag of each partition assigned to `consumer` that has a position. Raises `TimeoutError` when
-    the broker does not answer within `timeout_s`, or aiokafka's `KafkaError`."""
+    the broker does not answer within `timeout_s`, or what aiokafka raises (`KafkaError`)."""
     assigned = sorted(consumer.assignment())
     if not assigned:
         return {}
@@ -66,14 +66,15 @@ class LagGauge:
 async def report_lag_forever(
     consumer: Callable[[], AIOKafkaConsumer | None], gauge: Gauge, *, interval_s: float, timeout_s: float
 ) -> None:
-    """Sample `consumer()`'s lag into `gauge` every `interval_s` until cancelled. A failed sample is
-    logged and leaves the last values (Prometheus' staleness is the scrape's, not this loop's)."""
+    """Sample `consumer()`'s lag into `gauge` every `interval_s` until cancelled; never raises otherwise.
+    A failed sample is logged and leaves the last values."""
     recorder = LagGauge(gauge)
     while True:
         current = consumer()
         if current is not None:
             try:
                 recorder.record(await partition_lag(current, timeout_s))
-            except (KafkaError, TimeoutError, OSError) as error:
+            except Exception as error:
+                # A metric must never stop the service (the warmer's /healthz fails once a task ends).
                 log.warning("could not read consumer lag: %r", error)
         await asyncio.sleep(interval_s)

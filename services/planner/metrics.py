@@ -42,7 +42,7 @@ class PlannerMetrics:
         )
         self.plan_outcomes = Counter(
             "warmplane_planner_plan_outcomes",
-            "Plan outcomes the warmers reported (warm.finished), counted once their batch committed",
+            "Plans' recorded outcomes (each plan's first warm.finished), counted once their batch committed",
             ["outcome"],  # verified, partial, failed
             registry=registry,
         )
