@@ -72,7 +72,7 @@ def test_every_manifest_is_valid_for_the_kubernetes_api(version: str) -> None:
 
 
 def test_the_kubernetes_schemas_catch_a_misspelt_field() -> None:
-    [(_, planner)] = [(f, o) for f, o in _objects() if o["kind"] == "Deployment"][:1]
+    planner = next(o for _, o in _objects() if o["kind"] == "Deployment")
     container = planner["spec"]["template"]["spec"]["containers"][0]
     container["readinesProbe"] = container.pop("readinessProbe")
     with pytest.raises(kubernetes_validate.ValidationError):
