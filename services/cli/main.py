@@ -5,6 +5,14 @@ warmplane migrate                         migrate WARMPLANE_POSTGRES__URL to the
 warmplane planner                         run the planner from WARMPLANE_* settings
 warmplane warmer                          run one node's warmer from WARMPLANE_* settings
 warmplane gateway                         run the OpenAI-compatible gateway from WARMPLANE_* settings
+warmplane api                             run the query API from WARMPLANE_* settings
+warmplane replay TRACE --tenant T --model M   publish a recorded trace as request events
+
+Over the API (WARMPLANE_API_URL, WARMPLANE_API_TOKEN; `--json` for scripts):
+warmplane replicas | replica R | plans | epochs | misses | traffic | warm-sets --model M
+warmplane bump-epoch --tenant T --model M | deploy started|finished --model M
+warmplane scale --model M --from N --to N
+warmplane wait-ready R                    wait for replica R to turn ready, showing its warm-up
 """
 
 from __future__ import annotations
@@ -16,16 +24,24 @@ import logging
 import sys
 from pathlib import Path
 
-from warmplane.services.cli.up import DEFAULT_TRACE, UpOptions, run_up
-from warmplane.shared import migrate
+from warmplane.services.cli import api_commands
+from warmplane.services.cli.api_client import ApiClient, ApiClientSettings
 from warmplane.shared.settings import WarmplaneSettings, load_settings
+
+# The main job and the services import their own dependencies (alembic, faststream, the embedded
+# parts) only when they run: the API commands start in a fraction of the time.
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="warmplane", description="Warm-up control plane for vLLM fleets.")
     commands = parser.add_subparsers(dest="command", required=True)
     up = commands.add_parser("up", help="run the main job on embedded defaults and print a summary")
-    up.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="a Mooncake JSONL trace to replay")
+    up.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="a Mooncake JSONL trace to replay (default: the conversation trace)",
+    )
     up.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
     up.add_argument(
         "--workdir", type=Path, default=None, help="keep the parts' data here (default: a temp dir)"
@@ -36,22 +52,61 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("planner", help="run the planner from WARMPLANE_* settings")
     commands.add_parser("warmer", help="run one node's warmer from WARMPLANE_* settings")
     commands.add_parser("gateway", help="run the OpenAI-compatible gateway from WARMPLANE_* settings")
+    commands.add_parser("api", help="run the query API from WARMPLANE_* settings")
+    replay = commands.add_parser(
+        "replay", help="publish a recorded trace (Mooncake JSONL) as request events to WARMPLANE_KAFKA__*"
+    )
+    replay.add_argument("trace", type=Path)
+    replay.add_argument("--tenant", required=True)
+    replay.add_argument("--model", required=True, help="the served model name the events carry")
+    replay.add_argument("--revision", default="", help="the model's weights revision")
+    replay.add_argument("--limit", type=int, default=None, help="only the first N requests")
+    replay.add_argument("--block-tokens", type=int, default=512, help="tokens per hash id (512: Mooncake)")
+    api_commands.add_commands(commands)
     args = parser.parse_args(argv)
 
     if args.command == "up":
         return _up(args)
     if args.command == "migrate":
+        from warmplane.shared import migrate  # noqa: PLC0415 - see the imports above
+
         settings = load_settings(WarmplaneSettings)
         migrate.upgrade(settings.postgres.sqlalchemy_url())
         print("database is at the newest schema")
         return 0
+    if args.command == "replay":
+        return _replay(args)
+    if args.command in api_commands.HANDLERS:
+        client = ApiClient(load_settings(ApiClientSettings))
+        try:
+            return api_commands.run(client, args, sys.stdout)
+        finally:
+            client.close()
     # A service is imported only when it is the one run: each pulls in its own dependencies.
     service = importlib.import_module(f"warmplane.services.{args.command}.__main__")
     service.main()
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    from warmplane.services.cli.replay import ReplayOptions, replay  # noqa: PLC0415 - see above
+    from warmplane.shared.events import ModelRef  # noqa: PLC0415
+
+    kafka = load_settings(WarmplaneSettings).kafka
+    model = ModelRef(args.model, args.revision)
+    options = ReplayOptions(args.trace, args.tenant, model, args.limit, args.block_tokens)
+    try:
+        return asyncio.run(replay(options, kafka, sys.stdout))
+    except FileNotFoundError as exc:
+        print(f"warmplane replay: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
 def _up(args: argparse.Namespace) -> int:
+    from warmplane.services.cli.up import DEFAULT_TRACE, UpOptions, run_up  # noqa: PLC0415 - see above
+
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     if not args.verbose:
         for name in ("faststream", "faststream.access.kafka"):
@@ -59,7 +114,7 @@ def _up(args: argparse.Namespace) -> int:
         # aiokafka logs a fetch the busy embedded broker did not answer in time at ERROR, and then
         # retries it; --verbose shows those.
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    options = UpOptions(args.trace, args.limit, args.workdir, args.keep_running)
+    options = UpOptions(args.trace or DEFAULT_TRACE, args.limit, args.workdir, args.keep_running)
     try:
         asyncio.run(run_up(options, sys.stdout))
     except FileNotFoundError as exc:

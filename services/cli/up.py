@@ -25,6 +25,7 @@ import asyncpg
 from pydantic import SecretStr
 
 from warmplane.services.cli.progress import Progress
+from warmplane.services.cli.replay import emit_paced
 from warmplane.services.cli.up_fleet import (
     PROBE_DEPTH,
     VOCAB,
@@ -41,7 +42,7 @@ from warmplane.shared import migrate
 from warmplane.shared.embedded import EmbeddedStack
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE
 from warmplane.shared.emitter import Emitter
-from warmplane.shared.events import ModelRef, PrefixPayload, RequestObserved
+from warmplane.shared.events import ModelRef, PrefixPayload
 from warmplane.shared.mooncake_trace import TraceRequest, chain_prompt, read_trace, request_event
 from warmplane.shared.settings import EmitterSettings, KafkaSettings, PostgresSettings
 from warmplane.shared.topics import Topics
@@ -167,7 +168,7 @@ async def _replay(
                 block_tokens=BLOCK_SIZE,
                 payload=payload,
             )
-            await _emit_paced(emitter, event)
+            await emit_paced(emitter, event)
             if index % 2_000 == 0:
                 progress.show(index, _counted(planner))
                 await asyncio.sleep(0)
@@ -180,13 +181,6 @@ async def _replay(
         await asyncio.sleep(0.1)
     progress.show(emitted, counted, final=True)
     return requests, time.perf_counter() - began
-
-
-async def _emit_paced(emitter: Emitter, event: RequestObserved) -> None:
-    """Emit `event`, retrying while the buffer is full. The emitter never blocks its caller (serving
-    must not wait on Kafka); a replay paces itself instead, as the sender drains the buffer."""
-    while not emitter.emit(event):  # noqa: ASYNC110 - the emitter offers no event to wait on, by design
-        await asyncio.sleep(0.01)
 
 
 async def _summarise(dsn: str, emitted: int, seconds: float, top: int, out: TextIO) -> None:

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -30,6 +29,7 @@ from warmplane.services.gateway.proxy import Proxy, error_response
 from warmplane.services.gateway.router import Router
 from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.gateway.tenants import EpochBook, SaltBook, TenantDirectory
+from warmplane.services.gateway.upstream import Upstream
 from warmplane.shared.event_ids import new_event_id
 
 
@@ -47,7 +47,7 @@ def bootstrap(
     *,
     membership: Membership,
     sink: EventSink,
-    client: httpx.AsyncClient,
+    client: Upstream,
     epochs: EpochBook | None = None,
     new_id: Callable[[], uuid.UUID] = new_event_id,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),

@@ -12,6 +12,8 @@ Contracts:
 - `eject(replica, until)` leaves a replica out until `until` (a connection failed, it died mid-stream)
   or until it reports ready again, whichever comes first.
 - A model is known while some replica not stopped serves it, ready or not.
+- `seed(replica, ready, as_of)` sets a replica's state as the registry last saw it at `as_of`; lifecycle
+  events of it that occurred before `as_of` are then ignored (a replayed topic must not roll it back).
 """
 
 from __future__ import annotations
@@ -64,12 +66,15 @@ class ReplicaTable:
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
         self._ejected: dict[str, float] = {}
+        self._as_of: dict[str, float] = {}
 
     def apply(self, event: Event) -> bool:
         """Fold one lifecycle event in; False for an event that is not about a replica."""
         if not isinstance(event, ReplicaEvent):
             return False
         name = event.replica
+        if event.occurred_at.timestamp() < self._as_of.get(name, 0.0):
+            return True
         if isinstance(event, ReplicaStopped):
             self._entries.pop(name, None)
             self._ejected.pop(name, None)
@@ -83,6 +88,12 @@ class ReplicaTable:
         if ready:
             self._ejected.pop(name, None)
         return True
+
+    def seed(self, replica: Replica, *, ready: bool, as_of: float) -> None:
+        """Set `replica`'s state as the registry saw it at `as_of` (Unix seconds); a ready one keeps its
+        `ready_at`, so it is not ramped in again."""
+        self._entries[replica.name] = _Entry(dataclasses.replace(replica, url=replica.url.rstrip("/")), ready)
+        self._as_of[replica.name] = as_of
 
     def add_ready(self, replica: Replica) -> None:
         """Declare `replica` ready (configuration, tests)."""

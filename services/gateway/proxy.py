@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
@@ -43,11 +42,16 @@ from warmplane.services.gateway.router import Router
 from warmplane.services.gateway.settings import GatewayOptions, RoutingSettings
 from warmplane.services.gateway.sse_relay import SseRelay
 from warmplane.services.gateway.tenants import EpochBook, SaltBook, TenantDirectory
+from warmplane.services.gateway.upstream import (
+    Upstream,
+    UpstreamBroken,
+    UpstreamResponse,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from warmplane.shared.prefix_chain import Namespace, PrefixChain
 
 REPLICA_HEADER = "x-warmplane-replica"
-_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.WriteError)
-_JSON = {"content-type": "application/json"}
 _decoder = msgspec.json.Decoder()
 
 
@@ -70,7 +74,7 @@ class Proxy:
         salts: SaltBook,
         epochs: EpochBook,
         router: Router,
-        client: httpx.AsyncClient,
+        client: Upstream,
         observer: Observer,
         metrics: GatewayMetrics,
         options: GatewayOptions,
@@ -144,7 +148,7 @@ class Proxy:
             self._acquire(replica.name)
             try:
                 upstream = await self._send(replica, request.kind, body)
-            except _RETRYABLE:
+            except UpstreamUnreachable:
                 self._release(replica.name)
                 self._eject(replica, "connect")
                 self._metrics.failovers.labels(replica.name).inc()
@@ -153,45 +157,41 @@ class Proxy:
                 self._release(replica.name)
                 raise
             route = "ring" if index == 0 else "failover"
-            if request.stream and upstream.status_code == 200:
+            if request.stream and upstream.status == 200:
                 return self._relay(job, replica, route, upstream)
             return await self._answer(job, replica, route, upstream)
         raise errors.upstream_failed(f"none of the {len(candidates)} ready replicas accepted a connection")
 
-    async def _send(self, replica: Replica, kind: Kind, body: bytes) -> httpx.Response:
-        outgoing = self._client.build_request("POST", replica.url + PATHS[kind], content=body, headers=_JSON)
+    async def _send(self, replica: Replica, kind: Kind, body: bytes) -> UpstreamResponse:
         try:
-            return await self._client.send(outgoing, stream=True)
-        except _RETRYABLE:
-            raise
-        except httpx.TimeoutException:
+            return await self._client.post(replica.url + PATHS[kind], body)
+        except UpstreamTimeout:
             raise errors.upstream_timeout() from None
-        except httpx.HTTPError as exc:
+        except UpstreamBroken as exc:
             self._eject(replica, "protocol")
-            raise errors.upstream_failed(type(exc).__name__) from None
+            raise errors.upstream_failed(str(exc)) from None
 
-    async def _answer(self, job: _Job, replica: Replica, route: str, upstream: httpx.Response) -> Response:
+    async def _answer(self, job: _Job, replica: Replica, route: str, upstream: UpstreamResponse) -> Response:
         """A complete (non-streamed) answer, or any error status, passed through as it came."""
         request = job.request
         try:
-            content = await upstream.aread()
-        except httpx.TimeoutException:
+            content = await upstream.read()
+        except UpstreamTimeout:
             raise errors.upstream_timeout() from None
-        except httpx.HTTPError as exc:
+        except UpstreamBroken as exc:
             self._eject(replica, "protocol")
-            raise errors.upstream_failed(f"its answer broke off ({type(exc).__name__})") from None
+            raise errors.upstream_failed(f"its answer broke off ({exc})") from None
         finally:
-            await upstream.aclose()
+            await upstream.close()
             self._release(replica.name)
-        status = upstream.status_code
+        status = upstream.status
         if status == 200:
             self._observe(job, replica, route, _usage_of(content), None)
         headers = {REPLICA_HEADER: replica.name}
-        media_type = upstream.headers.get("content-type")
         self._finish(job.tenant, request.model, request.kind, status, job.started, code=str(status))
-        return Response(content, status_code=status, headers=headers, media_type=media_type)
+        return Response(content, status_code=status, headers=headers, media_type=upstream.content_type)
 
-    def _relay(self, job: _Job, replica: Replica, route: str, upstream: httpx.Response) -> Response:
+    def _relay(self, job: _Job, replica: Replica, route: str, upstream: UpstreamResponse) -> Response:
         request = job.request
 
         def on_end(outcome: Outcome, ttft: float | None) -> None:

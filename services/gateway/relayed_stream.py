@@ -9,16 +9,15 @@ then called, before the upstream connection is closed, so counts and in-flight l
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Literal
 
-import httpx
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from warmplane.services.gateway.errors import upstream_failed
 from warmplane.services.gateway.sse_relay import SseRelay
+from warmplane.services.gateway.upstream import UpstreamBroken, UpstreamResponse, UpstreamTimeout
 
 Outcome = Literal["complete", "broken", "abandoned"]
 
@@ -28,7 +27,7 @@ class RelayedStream(StreamingResponse):
 
     def __init__(
         self,
-        upstream: httpx.Response,
+        upstream: UpstreamResponse,
         relay: SseRelay,
         *,
         started: float,
@@ -44,7 +43,7 @@ class RelayedStream(StreamingResponse):
         self._outcome: Outcome = "abandoned"
         self._ended = False
         self.ttft_s: float | None = None
-        media_type = upstream.headers.get("content-type", "text/event-stream")
+        media_type = upstream.content_type or "text/event-stream"
         super().__init__(self._chunks(), headers=headers, media_type=media_type)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -55,7 +54,7 @@ class RelayedStream(StreamingResponse):
 
     async def _chunks(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self._upstream.aiter_raw():
+            async for chunk in self._upstream.iter_raw():
                 out = self._relay.feed(chunk)
                 if out:
                     if self.ttft_s is None:
@@ -65,9 +64,9 @@ class RelayedStream(StreamingResponse):
             if rest:
                 yield rest
             self._outcome = "complete"
-        except httpx.HTTPError as exc:
+        except (UpstreamBroken, UpstreamTimeout) as exc:
             self._outcome = "broken"
-            yield upstream_failed(f"the stream broke off ({type(exc).__name__})").sse_event()
+            yield upstream_failed(f"the stream broke off ({exc})").sse_event()
         finally:
             await self._end()
 
@@ -76,5 +75,4 @@ class RelayedStream(StreamingResponse):
             return
         self._ended = True
         self._on_end(self._outcome, self.ttft_s)
-        with contextlib.suppress(httpx.HTTPError):
-            await self._upstream.aclose()
+        await self._upstream.close()

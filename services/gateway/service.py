@@ -11,19 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from types import TracebackType
 from typing import Self
-
-import httpx
-import uvicorn
 
 from warmplane.services.gateway.app import GatewayParts, bootstrap
 from warmplane.services.gateway.lifecycle_follower import LifecycleFollower
 from warmplane.services.gateway.membership import Membership, Replica, ReplicaTable, static_membership
 from warmplane.services.gateway.observations import EventSink
+from warmplane.services.gateway.registry import seed_from_registry
 from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.gateway.tenants import EpochBook
+from warmplane.services.gateway.upstream import AiohttpUpstream
+from warmplane.shared.asgi_server import AsgiServer
 from warmplane.shared.emitter import Emitter
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.topics import Topics
@@ -32,12 +31,14 @@ log = logging.getLogger(__name__)
 _STOP_TIMEOUT_S = 5.0
 
 
-def upstream_client(settings: GatewaySettings) -> httpx.AsyncClient:
+def upstream_client(settings: GatewaySettings) -> AiohttpUpstream:
     """Pooled HTTP/1.1 connections to the replicas; every phase of a call has a timeout."""
     options = settings.gateway
-    timeout = httpx.Timeout(options.read_timeout_s, connect=options.connect_timeout_s, pool=None)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    return httpx.AsyncClient(timeout=timeout, limits=limits)
+    return AiohttpUpstream(
+        connect_timeout_s=options.connect_timeout_s,
+        read_timeout_s=options.read_timeout_s,
+        keepalive_s=options.keepalive_s,
+    )
 
 
 class Gateway:
@@ -47,18 +48,15 @@ class Gateway:
         self.settings = settings
         self._sink = sink
         self._stack = contextlib.AsyncExitStack()
-        self._socket: socket.socket | None = None
-        self._server: uvicorn.Server | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._http: AsgiServer | None = None
         self.parts: GatewayParts | None = None
         self.follower: LifecycleFollower | None = None
 
     @property
     def port(self) -> int:
-        if self._socket is None:
+        if self._http is None:
             raise RuntimeError("the gateway is not started")
-        port: int = self._socket.getsockname()[1]
-        return port
+        return self._http.port
 
     @property
     def url(self) -> str:
@@ -92,7 +90,7 @@ class Gateway:
         epochs = EpochBook()
         membership = await self._membership(topics, epochs)
         client = upstream_client(settings)
-        self._stack.push_async_callback(client.aclose)
+        self._stack.push_async_callback(client.close)
         self.parts = bootstrap(settings, membership=membership, sink=sink, client=client, epochs=epochs)
         await self._serve(self.parts)
 
@@ -104,8 +102,14 @@ class Gateway:
                 for r in settings.static_replicas
             )
         table = ReplicaTable()
-        await ensure_topics(settings.kafka, (topics.lifecycle,))
         options = settings.gateway
+        if options.registry_seed:
+            seeded = await seed_from_registry(
+                settings.postgres, table, epochs, timeout_s=options.registry_timeout_s
+            )
+            if seeded is not None:
+                log.info("from the registry: %d replicas, %d epochs", *seeded)
+        await ensure_topics(settings.kafka, (topics.lifecycle,))
         group = f"{options.group_id_prefix}-{options.instance}"
         follower = self.follower = LifecycleFollower(settings.kafka, topics.lifecycle, group, table, epochs)
         await follower.start()
@@ -123,29 +127,13 @@ class Gateway:
 
     async def _serve(self, parts: GatewayParts) -> None:
         options = self.settings.gateway
-        family = socket.AF_INET6 if ":" in options.http_host else socket.AF_INET
-        # proto=IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on accepted sockets whose
-        # proto says TCP, and without it Nagle holds each response's body behind its headers for a
-        # delayed ACK (measured: 44 ms on every request).
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((options.http_host, options.http_port))
-        self._socket = sock
-        config = uvicorn.Config(parts.app, log_level="warning", access_log=False, lifespan="off")
-        server = self._server = uvicorn.Server(config)
-        task = self._task = asyncio.create_task(server.serve(sockets=[sock]), name="gateway http")
-        while not server.started:
-            if task.done():
-                await task
-                raise RuntimeError("the gateway's HTTP server stopped while starting")
-            await asyncio.sleep(0.01)
+        self._http = AsgiServer(
+            parts.app, options.http_host, options.http_port, name="gateway", stop_timeout_s=_STOP_TIMEOUT_S
+        )
+        await self._http.start()
 
     async def stop(self) -> None:
         """Stop taking requests (in-flight ones finish within a bound), then close the rest."""
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(self._task, _STOP_TIMEOUT_S)
-        if self._socket is not None:
-            self._socket.close()
+        if self._http is not None:
+            await self._http.stop()
         await self._stack.aclose()

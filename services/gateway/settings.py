@@ -54,6 +54,9 @@ class GatewayOptions(BaseModel):
     connect_timeout_s: Seconds = 2.0
     read_timeout_s: Seconds = 600.0
     """Longest silence from a replica: before its answer (non-streaming) or between two chunks."""
+    keepalive_s: Seconds = 4.0
+    """How long an idle connection to a replica is kept for reuse: under the replica's own idle
+    timeout (vLLM's is 5 s), so no request meets a connection the replica is closing."""
     block_size: Annotated[int, Field(ge=1, le=1024)] = 16
     """The replicas' KV block size in tokens: the leading prefix is resident if its full blocks hit."""
     priority: int = 0
@@ -65,6 +68,10 @@ class GatewayOptions(BaseModel):
     group_id_prefix: Name = "warmplane-gateway"
     catch_up_timeout_s: Seconds = 30.0
     """At start, how long to wait for the lifecycle topic to be read to its end before serving."""
+    registry_seed: bool = True
+    """At start, read ready replicas and epochs from the planner's Postgres (`WARMPLANE_POSTGRES__URL`)
+    before the lifecycle topic, which keeps events only for its retention."""
+    registry_timeout_s: Seconds = 10.0
 
 
 class GatewaySettings(WarmplaneSettings):

@@ -13,17 +13,15 @@ prefix, a payload or a tenant.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import socket
 from typing import TYPE_CHECKING, Any
 
-import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+
+from warmplane.shared.asgi_server import AsgiServer
 
 if TYPE_CHECKING:
     from warmplane.services.warmer.replica_driver import ReplicaDriver
@@ -96,48 +94,6 @@ def build_app(warmer: Warmer) -> Starlette:
     )
 
 
-class StatusServer:
+def status_server(warmer: Warmer, host: str, port: int) -> AsgiServer:
     """Uvicorn serving `build_app(warmer)` on `host:port` inside the running event loop."""
-
-    def __init__(self, warmer: Warmer, host: str, port: int) -> None:
-        self._warmer = warmer
-        self._host = host
-        self._port = port
-        self._server: uvicorn.Server | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._socket: socket.socket | None = None
-
-    @property
-    def port(self) -> int:
-        if self._socket is None:
-            raise RuntimeError("the status server is not started")
-        port: int = self._socket.getsockname()[1]
-        return port
-
-    async def start(self) -> None:
-        # Bind first, so port 0 gets a free port we know before anyone probes us.
-        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        # IPPROTO_TCP, not 0: uvicorn sets TCP_NODELAY only on sockets that say they are TCP, and
-        # without it every answer waited about 44 ms for a delayed ACK.
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self._host, self._port))
-        self._socket = sock
-        config = uvicorn.Config(
-            build_app(self._warmer), log_level="warning", access_log=False, lifespan="off"
-        )
-        self._server = uvicorn.Server(config)
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="warmer http")
-        while not self._server.started:
-            if self._task.done():
-                await self._task  # raises what stopped it
-                raise RuntimeError("the status server stopped while starting")
-            await asyncio.sleep(0.01)
-
-    async def stop(self) -> None:
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(self._task, 5)
-        if self._socket is not None:
-            self._socket.close()
+    return AsgiServer(build_app(warmer), host, port, name="warmer status")

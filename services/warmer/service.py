@@ -25,7 +25,7 @@ from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
 from warmplane.services.warmer.core.replica import ReplicaTracker, policy_from
-from warmplane.services.warmer.http import StatusServer
+from warmplane.services.warmer.http import status_server
 from warmplane.services.warmer.metrics import WarmerMetrics
 from warmplane.services.warmer.plan_run import SaltBook
 from warmplane.services.warmer.replica_driver import ReplicaDriver, refusal
@@ -67,7 +67,7 @@ class Warmer:
         self._outbox: asyncio.Queue[Event] = asyncio.Queue()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stack = contextlib.AsyncExitStack()
-        self._http = StatusServer(self, settings.http_host, settings.http_port)
+        self._http = status_server(self, settings.http_host, settings.http_port)
 
     @property
     def node(self) -> str:

@@ -66,41 +66,55 @@ def embedded_redis() -> Iterator[EmbeddedRedis]:
         yield redis
 
 
-@pytest.fixture
-async def migrated_database(embedded_postgres: EmbeddedPostgres) -> AsyncIterator[str]:
-    """A fresh database, migrated to head, on the session's server; its asyncpg DSN. Dropped after."""
+@contextlib.asynccontextmanager
+async def fresh_database(server: EmbeddedPostgres) -> AsyncIterator[str]:
+    """A new database on `server`, migrated to head; its asyncpg DSN. Dropped on exit."""
     name = f"wp_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(embedded_postgres.asyncpg_dsn)
+    admin = await asyncpg.connect(server.asyncpg_dsn)
     try:
         await admin.execute(f'CREATE DATABASE "{name}"')
     finally:
         await admin.close()
-    dsn = embedded_postgres.asyncpg_dsn.rsplit("/", 1)[0] + f"/{name}"
+    dsn = server.asyncpg_dsn.rsplit("/", 1)[0] + f"/{name}"
     await asyncio.to_thread(migrate.upgrade, "postgresql+asyncpg://" + dsn.split("://", 1)[1])
-    yield dsn
-    admin = await asyncpg.connect(embedded_postgres.asyncpg_dsn)
     try:
-        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        yield dsn
     finally:
-        await admin.close()
+        admin = await asyncpg.connect(server.asyncpg_dsn)
+        try:
+            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
 
 
 @pytest.fixture
-def planner_settings(embedded_kafka: EmbeddedKafka, migrated_database: str) -> PlannerSettings:
+async def migrated_database(embedded_postgres: EmbeddedPostgres) -> AsyncIterator[str]:
+    """A fresh database, migrated to head, on the session's server; its asyncpg DSN. Dropped after."""
+    async with fresh_database(embedded_postgres) as dsn:
+        yield dsn
+
+
+def planner_settings_for(kafka_servers: str, dsn: str) -> PlannerSettings:
     """Settings for a planner of its own: fresh topics, group and database; short group sessions."""
     run = uuid.uuid4().hex[:8]
     return PlannerSettings(
         kafka=KafkaSettings(
-            bootstrap_servers=embedded_kafka.bootstrap_servers,
+            bootstrap_servers=kafka_servers,
             topic_prefix=f"t{run}",
             partitions=4,
             session_timeout_ms=2_000,
             heartbeat_interval_ms=500,
         ),
-        postgres=PostgresSettings(url=SecretStr(migrated_database)),
+        postgres=PostgresSettings(url=SecretStr(dsn)),
         ingest=IngestSettings(group_id=f"planner-{run}", batch_timeout_ms=50),
         metrics_port=0,
     )
+
+
+@pytest.fixture
+def planner_settings(embedded_kafka: EmbeddedKafka, migrated_database: str) -> PlannerSettings:
+    """Settings for a planner of its own: fresh topics, group and database; short group sessions."""
+    return planner_settings_for(embedded_kafka.bootstrap_servers, migrated_database)
 
 
 @pytest.fixture(scope="session")

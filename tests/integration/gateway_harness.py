@@ -52,6 +52,7 @@ def gateway_settings(kafka: KafkaSettings, run: str) -> tuple[GatewaySettings, d
             block_size=BLOCK_SIZE,
             instance=f"test-{run}",
             catch_up_timeout_s=20,
+            registry_seed=False,  # the tests that want the registry give it a database
         ),
         routing=RoutingSettings(ramp_s=0),
         emitter=EmitterSettings(linger_ms=1, close_timeout_s=5),

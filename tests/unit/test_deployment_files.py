@@ -12,6 +12,8 @@ import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
+from warmplane.services.api.metrics import ApiMetrics
+from warmplane.services.api.settings import ApiSettings
 from warmplane.services.gateway.metrics import GatewayMetrics
 from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.planner.metrics import PlannerMetrics
@@ -31,7 +33,8 @@ def _compose() -> dict[str, Any]:
 
 def test_every_long_running_service_has_a_health_check() -> None:
     services = _compose()["services"]
-    assert {"kafka", "postgres", "redis", "migrate", "planner", "vllm", "warmer", "gateway"} <= set(services)
+    expected = {"kafka", "postgres", "redis", "migrate", "planner", "vllm", "warmer", "gateway", "api"}
+    assert expected <= set(services)
     for name, service in services.items():
         if name != "migrate":  # a one-shot job: its exit status is its health
             assert "healthcheck" in service, f"{name} has no health check"
@@ -155,6 +158,7 @@ def _exported_series() -> dict[str, set[str]]:
     services: list[object] = [
         PlannerMetrics(CollectorRegistry()),
         WarmerMetrics(CollectorRegistry()),
+        ApiMetrics(CollectorRegistry()),
         GatewayMetrics(CollectorRegistry()),
     ]
     suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created")}
@@ -239,3 +243,46 @@ def test_the_cold_start_alert_is_the_seed_documents_rule() -> None:
     rules = yaml.safe_load((ROOT / "infra" / "prometheus" / "warmplane-rules.yml").read_text())
     [cold] = [r for g in rules["groups"] for r in g["rules"] if r["alert"] == "WarmplaneColdStartRatioHigh"]
     assert cold["for"] == "5m" and cold["expr"].strip().endswith("> 0.3")
+
+
+def test_the_compose_api_is_valid_api_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    service = _compose()["services"]["api"]
+    tokens = '[{"name": "ci", "token": "a-token-of-16-chars", "role": "admin"}]'
+    for key, raw in service["environment"].items():
+        value = tokens if key == "WARMPLANE_API_TOKENS" else str(raw)
+        monkeypatch.setenv(key, value.replace("${WARMPLANE_POSTGRES_PASSWORD}", "secret"))
+    settings = load_settings(ApiSettings)
+    assert [t.role for t in settings.api_tokens] == ["admin"] and "a-token-of-16-chars" not in repr(settings)
+    assert f"{settings.api.http_port}:{settings.api.http_port}" in service["ports"]
+    assert "/readyz" in " ".join(service["healthcheck"]["test"])
+    assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+
+
+def test_the_api_and_gateway_deployments_start_from_their_config_and_secrets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    objects = _manifests()
+    config = objects[("ConfigMap", "warmplane")]["data"]
+    api = _container(objects[("Deployment", "warmplane-api")], "api")
+    assert api["args"] == ["api"] and api["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    secret_names = {ref["secretRef"]["name"] for ref in api["envFrom"] if "secretRef" in ref}
+    with monkeypatch.context() as scoped:
+        for name in secret_names:
+            for key, value in objects[("Secret", name)]["stringData"].items():
+                scoped.setenv(key, value)
+        for key, value in config.items():
+            scoped.setenv(key, value)
+        settings = load_settings(ApiSettings)
+    assert {"name": "http", "containerPort": settings.api.http_port} in api["ports"]
+    assert settings.api_tokens[0].role == "admin"
+
+    gateway = _container(objects[("Deployment", "warmplane-gateway")], "gateway")
+    for ref in gateway["envFrom"]:
+        source = objects[("Secret", ref["secretRef"]["name"])]["stringData"] if "secretRef" in ref else config
+        for key, value in source.items():
+            monkeypatch.setenv(key, value)
+    for variable in gateway["env"]:
+        monkeypatch.setenv(variable["name"], variable.get("value", "warmplane-gateway-7d9f-x2"))
+    gateway_settings = load_settings(GatewaySettings)
+    assert gateway_settings.gateway.block_size == 16
+    assert {"name": "http", "containerPort": gateway_settings.gateway.http_port} in gateway["ports"]

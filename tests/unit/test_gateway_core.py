@@ -55,6 +55,22 @@ def test_only_a_replica_whose_latest_event_is_ready_is_routed_to() -> None:
     assert table.models() == []
 
 
+def test_a_seeded_replica_ignores_replayed_events_older_than_its_registry_state() -> None:
+    table = ReplicaTable()
+    seeded_at = T0.timestamp() + 100
+    table.seed(Replica("a", "http://a/", "tiny", "rev1", seeded_at), ready=True, as_of=seeded_at)
+    # The topic replayed from its start: the replica's old start and crash must not roll it back.
+    table.apply(lifecycle(ReplicaStarted, "a", at=10))
+    table.apply(lifecycle(ReplicaCrashed, "a", at=50))
+    [ready] = table.ready("tiny", seeded_at)
+    assert (ready.url, ready.ready_at) == ("http://a", seeded_at)
+    table.apply(lifecycle(ReplicaDrainingStarted, "a", at=101))
+    assert table.ready("tiny", seeded_at + 10) == []
+    table.seed(Replica("b", "http://b", "tiny"), ready=False, as_of=seeded_at)
+    table.apply(lifecycle(ReplicaBecameReady, "b", endpoint="http://b", at=120))
+    assert [r.name for r in table.ready("tiny", seeded_at + 30)] == ["b"]
+
+
 def test_an_ejected_replica_returns_after_its_time_or_when_it_reports_ready_again() -> None:
     now = T0.timestamp()
     table = static_membership([Replica("a", "http://a", "tiny"), Replica("b", "http://b", "tiny")])

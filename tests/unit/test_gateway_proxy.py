@@ -1,5 +1,5 @@
 """The gateway's serving path with no sockets: the app through httpx's ASGI transport, the replicas as
-httpx mock transports. Routing, salts, error shapes, pass-through, failover, events and metrics."""
+an in-memory `Upstream`. Routing, salts, error shapes, pass-through, failover, events and metrics."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from warmplane.services.gateway.membership import Replica, ReplicaTable, static_
 from warmplane.services.gateway.relayed_stream import RelayedStream
 from warmplane.services.gateway.settings import GatewayOptions, GatewaySettings, RoutingSettings
 from warmplane.services.gateway.sse_relay import SseRelay
+from warmplane.services.gateway.upstream import UpstreamBroken, UpstreamTimeout, UpstreamUnreachable
 from warmplane.shared.cache_salt import derive_cache_salt
 from warmplane.shared.events import Event, PrefixMissed, RequestObserved
 
@@ -41,18 +42,39 @@ class ListSink:
         return [event for event in self.events if isinstance(event, cls)]
 
 
-class Chunks(httpx.AsyncByteStream):
-    """A response body sent in `chunks`, then broken off with `error` if given."""
+class Answer:
+    """A replica's answer: a status, a content type and a body in `chunks`, then broken off with
+    `error` if given (the `UpstreamResponse` the proxy reads)."""
 
-    def __init__(self, chunks: list[bytes], error: Exception | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        chunks: list[bytes],
+        *,
+        content_type: str | None = "application/json",
+        error: Exception | None = None,
+    ) -> None:
+        self.status = status
+        self.content_type = content_type
         self.chunks = chunks
         self.error = error
+        self.closed = False
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    async def read(self) -> bytes:
+        return b"".join([chunk async for chunk in self.iter_raw()])
+
+    async def iter_raw(self) -> AsyncIterator[bytes]:
         for chunk in self.chunks:
             yield chunk
         if self.error is not None:
             raise self.error
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def json_answer(status: int, body: object) -> Answer:
+    return Answer(status, [json.dumps(body).encode()])
 
 
 def usage(prompt: int, cached: int) -> dict[str, Any]:
@@ -69,26 +91,30 @@ def sse(*chunks: dict[str, Any]) -> list[bytes]:
 
 @dataclass
 class Fleet:
-    """Mock replicas r0, r1, r2: what each received, and how each answers (`answer(replica, body)`)."""
+    """Replicas r0, r1, r2 in memory: what each received, and how each answers (`answer(replica, body)`,
+    which may raise the upstream errors instead)."""
 
-    answer: Callable[[str, dict[str, Any]], httpx.Response]
+    answer: Callable[[str, dict[str, Any]], Answer]
     received: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        replica = request.url.host.split(".")[0]
-        body = json.loads(request.content)
-        self.received.append((replica, body))
-        return self.answer(replica, body)
+    async def post(self, url: str, body: bytes) -> Answer:
+        replica = url.removeprefix("http://").split(".")[0]
+        sent = json.loads(body)
+        self.received.append((replica, sent))
+        return self.answer(replica, sent)
+
+    async def close(self) -> None:
+        pass
 
 
-def completion(replica: str, body: dict[str, Any], *, prompt: int = 200, cached: int = 0) -> httpx.Response:
+def completion(replica: str, body: dict[str, Any], *, prompt: int = 200, cached: int = 0) -> Answer:
     if body.get("stream"):
         chunks = sse(
             {"id": "c1", "choices": [{"index": 0, "text": "hi"}]},
             {"id": "c1", "choices": [], "usage": usage(prompt, cached)},
         )
-        return httpx.Response(200, headers={"content-type": SSE}, stream=Chunks(chunks))
-    return httpx.Response(200, json={"id": "c1", "choices": [{"text": "hi"}], "usage": usage(prompt, cached)})
+        return Answer(200, chunks, content_type=SSE)
+    return json_answer(200, {"id": "c1", "choices": [{"text": "hi"}], "usage": usage(prompt, cached)})
 
 
 @dataclass
@@ -116,10 +142,9 @@ async def serving(routing: RoutingSettings) -> AsyncIterator[Harness]:
         routing=routing,
     )
     table = static_membership(Replica(f"r{i}", f"http://r{i}.test:8000", MODEL, "rev1") for i in range(3))
-    upstream = httpx.AsyncClient(transport=httpx.MockTransport(fleet.handle))
-    parts = bootstrap(settings, membership=table, sink=sink, client=upstream)
+    parts = bootstrap(settings, membership=table, sink=sink, client=fleet)
     app = httpx.AsyncClient(transport=httpx.ASGITransport(app=parts.app), base_url="http://gateway")
-    async with upstream, app:
+    async with app:
         yield Harness(app, parts, fleet, sink, table)
 
 
@@ -215,9 +240,7 @@ async def test_no_ready_replica_is_a_503_and_models_lists_what_is_served(gateway
 
 async def test_a_replicas_error_status_and_body_pass_through_untouched(gateway: Harness) -> None:
     body = b'{"error":{"message":"max_tokens is too large","type":"BadRequestError","param":null,"code":400}}'
-    gateway.fleet.answer = lambda replica, sent: httpx.Response(
-        400, content=body, headers={"content-type": "application/json"}
-    )
+    gateway.fleet.answer = lambda replica, sent: Answer(400, [body])
     response = await gateway.post(prompt(1))
     assert (response.status_code, response.content) == (400, body)
     assert gateway.sink.events == []
@@ -228,9 +251,9 @@ async def test_a_connection_failure_moves_to_the_next_replica_and_ejects_the_dea
 ) -> None:
     owner = (await gateway.post(prompt(7))).headers["x-warmplane-replica"]
 
-    def refuse_owner(replica: str, sent: dict[str, Any]) -> httpx.Response:
+    def refuse_owner(replica: str, sent: dict[str, Any]) -> Answer:
         if replica == owner:
-            raise httpx.ConnectError("connection refused")
+            raise UpstreamUnreachable("ClientConnectorError")
         return completion(replica, sent)
 
     gateway.fleet.answer = refuse_owner
@@ -246,8 +269,8 @@ async def test_a_connection_failure_moves_to_the_next_replica_and_ejects_the_dea
 
 
 async def test_a_failure_after_the_request_was_sent_is_answered_not_retried(gateway: Harness) -> None:
-    def hang_up(replica: str, sent: dict[str, Any]) -> httpx.Response:
-        raise httpx.RemoteProtocolError("server disconnected without sending a response")
+    def hang_up(replica: str, sent: dict[str, Any]) -> Answer:
+        raise UpstreamBroken("ServerDisconnectedError")
 
     gateway.fleet.answer = hang_up
     response = await gateway.post(prompt(3))
@@ -264,10 +287,8 @@ async def test_a_stream_passes_through_byte_for_byte_without_the_usage_chunk_it_
         {"id": "c1", "choices": [{"index": 0, "text": "b"}]},
         {"id": "c1", "choices": [], "usage": usage(200, 64)},
     )
-    gateway.fleet.answer = lambda replica, sent: httpx.Response(
-        200,
-        headers={"content-type": SSE},
-        stream=Chunks([b"".join(chunks)[i : i + 10] for i in range(0, 999, 10)]),
+    gateway.fleet.answer = lambda replica, sent: Answer(
+        200, [b"".join(chunks)[i : i + 10] for i in range(0, 999, 10)], content_type=SSE
     )
     plain = await gateway.post({**prompt(2), "stream": True})
     assert plain.headers["content-type"] == SSE
@@ -285,8 +306,8 @@ async def test_a_stream_that_breaks_ends_with_an_error_event_and_its_replica_lea
 ) -> None:
     owner = (await gateway.post(prompt(4))).headers["x-warmplane-replica"]
     first = sse({"id": "c1", "choices": [{"index": 0, "text": "a"}]})[0]
-    gateway.fleet.answer = lambda replica, sent: httpx.Response(
-        200, headers={"content-type": SSE}, stream=Chunks([first], httpx.RemoteProtocolError("peer closed"))
+    gateway.fleet.answer = lambda replica, sent: Answer(
+        200, [first], content_type=SSE, error=UpstreamBroken("ClientPayloadError")
     )
     broken = await gateway.post({**prompt(4), "stream": True})
     assert broken.status_code == 200
@@ -366,7 +387,7 @@ def test_settings_refuse_keys_without_a_salt_secret_and_a_key_shared_by_tenants(
 
 async def test_a_stream_the_client_abandons_ends_once_and_releases_its_replica() -> None:
     chunks = sse({"id": "c1", "choices": [{"index": 0, "text": "a"}]})
-    upstream = httpx.Response(200, headers={"content-type": SSE}, stream=Chunks(chunks))
+    upstream = Answer(200, chunks, content_type=SSE)
     ends: list[tuple[str, float | None]] = []
     stream = RelayedStream(
         upstream,
@@ -388,7 +409,7 @@ async def test_a_stream_the_client_abandons_ends_once_and_releases_its_replica()
     with pytest.raises((OSError, ClientDisconnect)):
         await stream(scope, receive, gone)
     assert ends == [("abandoned", 0.5)]
-    assert upstream.is_closed
+    assert upstream.closed
 
 
 async def test_with_routing_depth_one_a_shared_system_prompt_spreads_by_the_next_message() -> None:
@@ -407,8 +428,8 @@ async def test_with_routing_depth_one_a_shared_system_prompt_spreads_by_the_next
 async def test_a_replica_that_does_not_answer_in_time_is_a_504_and_stays_in_the_ring(
     gateway: Harness,
 ) -> None:
-    def stall(replica: str, sent: dict[str, Any]) -> httpx.Response:
-        raise httpx.ReadTimeout("no answer")
+    def stall(replica: str, sent: dict[str, Any]) -> Answer:
+        raise UpstreamTimeout("SocketTimeoutError")
 
     gateway.fleet.answer = stall
     response = await gateway.post(prompt(5))

@@ -1,0 +1,1 @@
+"""The query API: read model and admin actions over HTTP (OpenAPI), metrics, the status page."""

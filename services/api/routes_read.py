@@ -1,0 +1,284 @@
+"""Read endpoints: replicas, plans, epochs, warm sets, top misses, traffic. Every one needs a token;
+tenant tokens are restricted to their tenant (`Principal.tenant_scope`) and refused fleet-wide views
+that would name other tenants' prefixes."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import asyncpg
+from fastapi import APIRouter, HTTPException, Path, Query
+
+from warmplane.services.api import figures
+from warmplane.services.api.deps import Caller, Deps
+from warmplane.services.api.schemas import (
+    Epoch,
+    EpochDetail,
+    FleetChange,
+    Miss,
+    Name,
+    Plan,
+    PlanDetail,
+    PlanItem,
+    PlanState,
+    PlanSummary,
+    Problem,
+    Replica,
+    ReplicaDetail,
+    ReplicaState,
+    TrafficPoint,
+    Transition,
+    WarmSet,
+)
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "no token, or an unknown one"},
+    403: {"model": Problem, "description": "the token may not read this"},
+}
+router = APIRouter(prefix="/v1", responses=ERRORS)
+ModelQ = Annotated[Name | None, Query(description="a served model name")]
+TenantQ = Annotated[Name | None, Query(description="a tenant; tenant tokens may name only their own")]
+WindowQ = Annotated[int | None, Query(ge=60, le=30 * 86_400, description="seconds back from now")]
+LimitQ = Annotated[int, Query(ge=1, le=1_000)]
+
+
+@router.get("/models", response_model=list[str])
+async def models(deps: Deps, caller: Caller) -> list[str]:
+    """Every model with replicas or traffic."""
+    return await deps.read.models()
+
+
+@router.get("/replicas", response_model=list[Replica])
+async def replicas(
+    deps: Deps,
+    caller: Caller,
+    *,
+    model: ModelQ = None,
+    state: Annotated[ReplicaState | None, Query()] = None,
+) -> list[Replica]:
+    """Replicas with their state and latest plan's progress (no tenant's data: every token may read)."""
+    return [_replica(row) for row in await deps.read.replicas(model, state)]
+
+
+@router.get("/replicas/{replica_id:path}", response_model=ReplicaDetail, responses={404: {"model": Problem}})
+async def replica(
+    deps: Deps, caller: Caller, replica_id: Annotated[str, Path(min_length=1, max_length=128)]
+) -> ReplicaDetail:
+    """One replica and its last 50 state transitions."""
+    rows = await deps.read.replicas(replica=replica_id)
+    if not rows:
+        raise HTTPException(404, f"no replica {replica_id!r}")
+    transitions = [Transition(**dict(t)) for t in await deps.read.transitions(replica_id, 50)]
+    return ReplicaDetail(**_replica(rows[0]).model_dump(), transitions=transitions)
+
+
+@router.get("/plans", response_model=list[Plan])
+async def plans(
+    deps: Deps,
+    caller: Caller,
+    *,
+    replica: Annotated[Name | None, Query()] = None,
+    model: ModelQ = None,
+    state: Annotated[PlanState | None, Query()] = None,
+    limit: LimitQ = 100,
+) -> list[Plan]:
+    """Plans and their outcomes, newest first (reader and admin tokens: plans mix tenants)."""
+    caller.require_fleet()
+    return [
+        _plan(row) for row in await deps.read.plans(replica=replica, model=model, state=state, limit=limit)
+    ]
+
+
+@router.get("/plans/{plan_id}", response_model=PlanDetail, responses={404: {"model": Problem}})
+async def plan(deps: Deps, caller: Caller, plan_id: uuid.UUID) -> PlanDetail:
+    """One plan with its items (payload previews for admin tokens) and failures."""
+    caller.require_fleet()
+    rows = await deps.read.plans(plan_id=plan_id, limit=1)
+    if not rows:
+        raise HTTPException(404, f"no plan {plan_id}")
+    summary = _plan(rows[0])
+    items, failures = await deps.read.plan_items(plan_id)
+    item_list = [
+        PlanItem(
+            prefix_id=item["prefix_id"],
+            tokens=item["tokens"],
+            tenant=item.get("tenant", ""),
+            prompt_rev=item.get("prompt_rev", ""),
+            epoch=item["epoch"] if item.get("epoch") is not None else summary.epoch,
+            preview=figures.preview(item.get("payload")) if caller.is_admin else None,
+        )
+        for item in items
+    ]
+    return PlanDetail(**summary.model_dump(), item_list=item_list, failure_list=failures)
+
+
+@router.get("/epochs", response_model=list[Epoch])
+async def epochs(deps: Deps, caller: Caller, tenant: TenantQ = None, model: ModelQ = None) -> list[Epoch]:
+    """The current cache epoch of each (tenant, model) that has been bumped at least once."""
+    rows = await deps.read.epochs(caller.tenant_scope(tenant), model)
+    return [Epoch(**dict(row)) for row in rows]
+
+
+@router.get("/epochs/history", response_model=EpochDetail)
+async def epoch_history(
+    deps: Deps,
+    caller: Caller,
+    *,
+    tenant: Annotated[Name, Query()],
+    model: Annotated[Name, Query()],
+    limit: LimitQ = 100,
+) -> EpochDetail:
+    """(tenant, model)'s current epoch (0 if never bumped), its bumps and the model's deploys."""
+    scoped = caller.tenant_scope(tenant)
+    assert scoped is not None
+    current = await deps.read.epochs(scoped, model)
+    history = [FleetChange(**change) for change in await deps.read.epoch_history(scoped, model, limit)]
+    if current:
+        return EpochDetail(**dict(current[0]), history=history)
+    return EpochDetail(tenant=scoped, model=model, epoch=0, bumped_at=None, reason="", history=history)
+
+
+@router.get("/misses/top", response_model=list[Miss])
+async def top_misses(
+    deps: Deps,
+    caller: Caller,
+    *,
+    model: ModelQ = None,
+    tenant: TenantQ = None,
+    window_s: WindowQ = None,
+    limit: LimitQ = 50,
+) -> list[Miss]:
+    """The prefixes that missed most in the window, by hash; payload previews only for callers allowed to
+    see that tenant."""
+    options = deps.options
+    span = figures.window(deps.clock(), window_s or options.default_window_s, None, options.bucket_seconds)
+    rows = await deps.read.top_misses(span.since_bucket, model, caller.tenant_scope(tenant), limit)
+    visible = [(row["scope_id"], row["prefix_id"]) for row in rows if caller.may_see_payloads(row["tenant"])]
+    payloads = await deps.read.payloads(visible)
+    misses = []
+    for row in rows:
+        found = payloads.get((row["scope_id"], row["prefix_id"]))
+        misses.append(
+            Miss(
+                **{
+                    k: row[k]
+                    for k in ("tenant", "model", "prompt_rev", "prefix_id", "misses", "missed_tokens")
+                },
+                tokens=found[1] if found else None,
+                preview=figures.preview(found[0]) if found else None,
+            )
+        )
+    return misses
+
+
+@router.get("/traffic", response_model=list[TrafficPoint])
+async def traffic(
+    deps: Deps,
+    caller: Caller,
+    *,
+    model: ModelQ = None,
+    tenant: TenantQ = None,
+    window_s: WindowQ = None,
+    step_s: Annotated[int | None, Query(ge=1, le=30 * 86_400, description="seconds per point")] = None,
+) -> list[TrafficPoint]:
+    """Prefix hit ratio, cold starts and TTFT per tenant and model over time, from request events."""
+    options = deps.options
+    span = figures.window(deps.clock(), window_s or options.default_window_s, step_s, options.bucket_seconds)
+    rows = await deps.read.traffic(span, model, caller.tenant_scope(tenant))
+    return [_traffic_point(row) for row in rows]
+
+
+@router.get("/warm-sets", response_model=list[WarmSet])
+async def warm_sets(
+    deps: Deps,
+    caller: Caller,
+    *,
+    model: Annotated[Name, Query()],
+    tenant: TenantQ = None,
+    window_s: WindowQ = None,
+) -> list[WarmSet]:
+    """What the live replicas of `model` were planned to hold, per tenant and epoch, and how much of the
+    window's traffic passes through it."""
+    options = deps.options
+    span = figures.window(deps.clock(), window_s or options.default_window_s, None, options.bucket_seconds)
+    rows = await deps.read.warm_items(model, caller.tenant_scope(tenant))
+    groups: dict[tuple[str, str, int], list[asyncpg.Record]] = defaultdict(list)
+    for row in rows:
+        groups[(row["tenant"], row["prompt_rev"], row["epoch"])].append(row)
+    answer = []
+    for (owner, prompt_rev, epoch), items in sorted(groups.items()):
+        parents = await deps.read.chain_parents(model, owner, prompt_rev)
+        leaves = await deps.read.leaf_requests(model, owner, prompt_rev, span.since_bucket)
+        tokens = {row["prefix_id"]: row["tokens"] for row in items}
+        covered, total = figures.coverage(tokens, parents, leaves)
+        answer.append(
+            WarmSet(
+                tenant=owner,
+                model=model,
+                prompt_rev=prompt_rev,
+                epoch=epoch,
+                prefixes=len(tokens),
+                tokens=sum(tokens.values()),
+                replicas=sorted({row["replica_id"] for row in items}),
+                verified_replicas=sorted({row["replica_id"] for row in items if row["state"] == "verified"}),
+                requests_covered=covered,
+                requests=total,
+                coverage=figures.ratio(covered, total),
+            )
+        )
+    return answer
+
+
+def _replica(row: asyncpg.Record) -> Replica:
+    latest = None
+    if row["plan_id"] is not None:
+        latest = PlanSummary(
+            plan_id=row["plan_id"],
+            state=row["plan_state"],
+            epoch=row["plan_epoch"],
+            items=row["plan_items"],
+            items_done=row["items_done"],
+            verified_hits=row["verified_hits"],
+            tokens_prefilled=row["tokens_prefilled"],
+            issued_at=row["issued_at"],
+            deadline=row["deadline"],
+            finished_at=row["finished_at"],
+        )
+    return Replica(
+        replica=row["replica_id"],
+        **{
+            k: row[k]
+            for k in ("node", "model", "model_revision", "endpoint", "state", "state_since", "reason")
+        },
+        kv_capacity_tokens=row["kv_capacity_tokens"],
+        latest_plan=latest,
+    )
+
+
+def _plan(row: asyncpg.Record) -> Plan:
+    fields = dict(row)
+    return Plan(
+        **{k: v for k, v in fields.items() if k not in ("replica_id", "item_count", "failure_count")},
+        replica=fields["replica_id"],
+        items=fields["item_count"],
+        failures=fields["failure_count"],
+    )
+
+
+def _traffic_point(row: asyncpg.Record) -> TrafficPoint:
+    start, tenant, model, requests, cold, prompt, cached, ttft_sum, ttft_count = row
+    return TrafficPoint(
+        start=datetime.fromtimestamp(start, UTC),
+        tenant=tenant,
+        model=model,
+        requests=requests,
+        cold_requests=cold,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        prefix_hit_ratio=figures.ratio(cached, prompt),
+        cold_start_ratio=figures.ratio(cold, requests),
+        mean_ttft_ms=figures.ratio(ttft_sum, ttft_count),
+    )

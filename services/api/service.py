@@ -1,0 +1,116 @@
+"""Running the API: the asyncpg pool and the acknowledged Kafka publisher its routes use, the health
+gauges' refresher, and uvicorn. Everything is opened in `serve` and closed when it returns."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+
+from warmplane.services.api import figures
+from warmplane.services.api.app import build_app
+from warmplane.services.api.auth import TokenBook
+from warmplane.services.api.deps import ApiDeps
+from warmplane.services.api.metrics import HEALTH_WINDOW_S, ApiMetrics
+from warmplane.services.api.pg_read import PgReadModel
+from warmplane.services.api.settings import ApiSettings
+from warmplane.shared.asgi_server import AsgiServer
+from warmplane.shared.codec import EventCodec
+from warmplane.shared.event_publisher import KafkaEventPublisher
+from warmplane.shared.kafka_admin import ensure_topics
+from warmplane.shared.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.asynccontextmanager
+async def api_deps(settings: ApiSettings, metrics: ApiMetrics | None = None) -> AsyncIterator[ApiDeps]:
+    """The real parts the routes use, open for the block's duration."""
+    kafka = settings.kafka
+    topics = Topics(kafka.topic_prefix)
+    await ensure_topics(kafka, (topics.lifecycle,))
+    pool = await asyncpg.create_pool(
+        settings.postgres.asyncpg_dsn(),
+        min_size=1,
+        max_size=settings.postgres.pool_size,
+        timeout=settings.postgres.connect_timeout_s,
+        command_timeout=settings.postgres.statement_timeout_ms / 1000,
+    )
+    producer = AIOKafkaProducer(
+        bootstrap_servers=kafka.bootstrap_servers,
+        client_id=f"{kafka.client_id}-api",
+        acks="all",
+        request_timeout_ms=kafka.request_timeout_ms,
+    )
+    try:
+        await producer.start()
+        publisher = KafkaEventPublisher(
+            producer,
+            topics,
+            EventCodec(max_event_bytes=kafka.max_event_bytes),
+            kafka.request_timeout_ms / 1000,
+        )
+        yield ApiDeps(
+            read=PgReadModel(pool),
+            events=publisher,
+            tokens=TokenBook(settings.api_tokens),
+            options=settings.api,
+            metrics=metrics or ApiMetrics(),
+            clock=time.time,
+        )
+    finally:
+        await producer.stop()
+        await pool.close()
+
+
+async def refresh_health(deps: ApiDeps) -> None:
+    """Read the health figures of the last five minutes into the gauges; a tenant and model with no
+    traffic any more is dropped from them."""
+    span = figures.window(deps.clock(), HEALTH_WINDOW_S, None, deps.options.bucket_seconds)
+    totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for row in await deps.read.traffic(span, None, None):
+        total = totals[(row[1], row[2])]
+        for i, value in enumerate(row[3:7]):
+            total[i] += value
+    metrics = deps.metrics
+    for gauge in (metrics.prefix_hit_ratio, metrics.cold_requests, metrics.cold_start_ratio):
+        gauge.clear()
+    for (tenant, model), (requests, cold, prompt, cached) in totals.items():
+        metrics.cold_requests.labels(tenant=tenant, model=model).set(cold)
+        if prompt:
+            metrics.prefix_hit_ratio.labels(tenant=tenant, model=model).set(cached / prompt)
+        if requests:
+            metrics.cold_start_ratio.labels(tenant=tenant, model=model).set(cold / requests)
+
+
+async def _refresh_forever(deps: ApiDeps) -> None:
+    while True:
+        try:
+            await refresh_health(deps)
+        except Exception:
+            deps.metrics.health_refresh_failures.inc()
+            log.warning("could not read the health figures", exc_info=True)
+        await asyncio.sleep(deps.options.health_refresh_s)
+
+
+async def serve(settings: ApiSettings) -> None:
+    """Serve until cancelled (SIGTERM/SIGINT stop uvicorn gracefully)."""
+    if not settings.api_tokens:
+        log.warning(
+            "WARMPLANE_API_TOKENS is empty: every endpoint but /status, /healthz and /metrics refuses"
+        )
+    async with api_deps(settings) as deps:
+        refresher = asyncio.create_task(_refresh_forever(deps), name="api-health-refresh")
+        server = AsgiServer(build_app(deps), settings.api.http_host, settings.api.http_port, name="api")
+        try:
+            await server.serve_until_cancelled()
+        finally:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher

@@ -1,0 +1,75 @@
+"""The API's settings: `WARMPLANE_API_TOKENS` and `WARMPLANE_API__*` on top of the shared parts.
+
+Example:
+    WARMPLANE_API_TOKENS='[{"name": "ci", "token": "...", "role": "admin"},
+                           {"name": "grafana", "token": "...", "role": "reader"},
+                           {"name": "acme-oncall", "token": "...", "role": "tenant", "tenant": "acme"}]'
+    WARMPLANE_API__HTTP_PORT=8070
+
+Roles: `admin` reads everything (payload previews included) and may act (bump an epoch, announce a
+deploy or a scale, re-warm a replica); `reader` reads every tenant's figures but no payloads (a
+dashboard's token); `tenant` reads that one tenant's figures and payloads, and nothing of the fleet that
+names another tenant. Tokens are secrets: they never print, and only their names reach the logs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+
+from warmplane.shared.settings import WarmplaneSettings
+
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
+Role = Literal["admin", "reader", "tenant"]
+
+
+class ApiToken(BaseModel):
+    """One bearer token: who holds it (`name`, for the logs), what it may do, and for `tenant`, which one."""
+
+    name: Name
+    token: SecretStr
+    role: Role
+    tenant: Name | None = None
+
+    @field_validator("token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr) -> SecretStr:
+        if len(value.get_secret_value()) < 16:
+            raise ValueError("a token must be at least 16 characters")
+        return value
+
+    @model_validator(mode="after")
+    def _tenant_iff_tenant_role(self) -> Self:
+        if (self.role == "tenant") != (self.tenant is not None):
+            raise ValueError("`tenant` is required for role 'tenant' and only for it")
+        return self
+
+
+class ApiOptions(BaseModel):
+    """How the API serves."""
+
+    http_host: str = "0.0.0.0"  # noqa: S104 - platform teams and CI reach the API from outside its pod
+    http_port: Annotated[int, Field(ge=0, le=65_535)] = 8070
+    default_window_s: Annotated[int, Field(ge=60, le=30 * 86_400)] = 3_600
+    """The time window a figure covers when the request names none."""
+    health_refresh_s: Annotated[float, Field(gt=0)] = 15.0
+    """How often the health gauges (hit rate, cold starts per tenant and model) are read from Postgres."""
+    bucket_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
+    """The planner's statistics bucket width (`WARMPLANE_INGEST__BUCKET_SECONDS`): they must agree."""
+
+
+class ApiSettings(WarmplaneSettings):
+    api: ApiOptions = ApiOptions()
+    api_tokens: list[ApiToken] = Field(default_factory=list)
+
+    @field_validator("api_tokens")
+    @classmethod
+    def _distinct(cls, tokens: list[ApiToken]) -> list[ApiToken]:
+        secrets = [t.token.get_secret_value() for t in tokens]
+        if len(set(secrets)) != len(secrets):
+            raise ValueError("two entries share a token")
+        names = [t.name for t in tokens]
+        if len(set(names)) != len(names):
+            raise ValueError("two entries share a name")
+        return tokens
