@@ -35,12 +35,16 @@ async def partition_lag(consumer: AIOKafkaConsumer, timeout_s: float) -> Lag:
     assigned = sorted(consumer.assignment())
     if not assigned:
         return {}
-    ends: dict[TopicPartition, int] = await asyncio.wait_for(consumer.end_offsets(assigned), timeout_s)
+    # asyncio.timeout, not wait_for: on Python 3.11 wait_for loses a cancellation that arrives as the
+    # awaited call completes, and a sampler that survives its cancellation hangs its service's shutdown.
+    async with asyncio.timeout(timeout_s):
+        ends: dict[TopicPartition, int] = await consumer.end_offsets(assigned)
     lag: Lag = {}
     for tp in assigned:
         try:
             # Returns at once when the position is known; waits while an offset is being reset.
-            position = await asyncio.wait_for(consumer.position(tp), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                position = await consumer.position(tp)
         except (IllegalStateError, TimeoutError):  # revoked meanwhile, or its position not known yet
             continue
         end = max(ends[tp], consumer.highwater(tp) or 0)

@@ -63,8 +63,9 @@ async def test_the_gauge_rises_while_a_consumer_is_behind_and_returns_to_zero(
         producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
         await producer.start()
         try:
-            sent = [producer.send(topic, b"x", partition=i % 2) for i in range(50)]
-            await asyncio.gather(*[await send for send in sent])
+            async with asyncio.timeout(_TIMEOUT_S):
+                sent = [await producer.send(topic, b"x", partition=i % 2) for i in range(50)]
+                await asyncio.gather(*sent)
         finally:
             await producer.stop()
         # The consumer reads nothing: its lag is everything published.
