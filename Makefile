@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: up test lint unit integration bench clean vllm browser
+.PHONY: up test lint unit integration bench clean vllm browser promtool
 
 $(BIN)/warmplane: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,11 +23,12 @@ lint: $(BIN)/warmplane
 	$(BIN)/lint-imports
 
 # The integration tests start a real vLLM engine: `vllm` installs it (once) beside the project's venv;
-# the status page is checked in headless Chromium: `browser` installs Debian's (once).
-test: lint vllm browser
+# the status page is checked in headless Chromium: `browser` installs Debian's (once); the alert rules
+# are tested with promtool: `promtool` unpacks Debian's (once).
+test: lint vllm browser promtool
 	$(BIN)/pytest -q
 
-unit: $(BIN)/warmplane
+unit: $(BIN)/warmplane promtool
 	$(BIN)/pytest -q tests/unit
 
 integration: $(BIN)/warmplane vllm browser
@@ -52,6 +53,10 @@ vllm:
 browser:
 	@command -v chromium >/dev/null 2>&1 || apt-get install -y -qq --no-install-recommends chromium \
 		|| { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium; }
+
+# promtool (from Debian's prometheus package, once) for the alert rules' checks and unit tests.
+promtool:
+	infra/prometheus/install-promtool.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache

@@ -34,6 +34,8 @@ class KafkaSettings(BaseModel):
     heartbeat_interval_ms: PositiveInt = 3_000
     max_event_bytes: PositiveInt = DEFAULT_MAX_EVENT_BYTES
     commit_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    lag_interval_s: Annotated[float, Field(gt=0)] = 10.0
+    """How often a service reads its consumers' lag into its metrics (one broker round trip each)."""
 
     @field_validator("bootstrap_servers")
     @classmethod

@@ -39,6 +39,7 @@ from warmplane.services.planner.pg_store import PgIngestStore
 from warmplane.services.planner.plans import PlanIssuer
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
 from warmplane.shared.codec import EventCodec
+from warmplane.shared.consumer_lag import report_lag_forever
 from warmplane.shared.dead_letters import KafkaDeadLetterSink
 from warmplane.shared.event_publisher import KafkaEventPublisher
 from warmplane.shared.kafka_admin import ensure_topics
@@ -105,7 +106,19 @@ def build_planner(settings: PlannerSettings) -> Planner:
     async def lifespan(context: Any = None) -> AsyncIterator[None]:
         async with _resources(settings, topics, metrics, on_failure=app.exit) as ingestor:
             holder["ingestor"] = ingestor
-            yield
+            lag = asyncio.create_task(
+                report_lag_forever(
+                    lambda: subscriber.consumer,
+                    metrics.consumer_lag,
+                    interval_s=kafka.lag_interval_s,
+                    timeout_s=kafka.request_timeout_ms / 1000,
+                ),
+                name="planner-consumer-lag",
+            )
+            try:
+                yield
+            finally:
+                await _cancel(lag)
             # faststream stops consuming before the lifespan exits: drain while offsets can commit.
             await ingestor.drain()
 

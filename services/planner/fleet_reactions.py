@@ -13,6 +13,8 @@
   engine loads and holds `/ready` on, so they are warm before they take traffic.
 - `replica.rewarm_requested` (the API's re-warm action): plans that replica in full, as if it held
   nothing, flagged `rewarm` so its warmer warms even what it believes it holds.
+- `warm.finished`: the plan outcomes that stood (the first for each plan) are counted
+  (`warmplane_planner_plan_outcomes_total{outcome}`).
 - request counts feed the cold-start alarm (`core.cold_start`): when it fires for a model, the alarm is
   recorded (`cold_start_alarms`), counted (`warmplane_planner_cold_start_alarms_total{model}`) and the
   model's ready replicas are planned again (only what they lack); when it clears, its row is closed.
@@ -51,6 +53,7 @@ from warmplane.shared.events import (
     FleetScaled,
     ReplicaRewarmRequested,
     ReplicaStarted,
+    WarmFinished,
 )
 
 log = logging.getLogger(__name__)
@@ -110,6 +113,9 @@ class FleetReactor:
 
     async def after_commit(self, batch: IngestBatch) -> None:
         """React to `batch` (already committed). Never raises (module doc)."""
+        finished = [r for r in batch.plan_results if isinstance(r, WarmFinished)]
+        if finished:
+            await self._issuer.count_outcomes(finished)
         starts = [Wanted.start(e) for e in batch.replica_events if isinstance(e, ReplicaStarted)]
         if starts:
             await self._issuer.issue_all(starts)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class PlannerMetrics:
@@ -50,6 +50,20 @@ class PlannerMetrics:
             "warmplane_planner_cold_start_alarms",
             "Cold-start alarms fired (a model's requests too often found no cached prefix), by model",
             ["model"],
+            registry=registry,
+        )
+        self.plan_outcomes = Counter(
+            "warmplane_planner_plan_outcomes",
+            "Plans' recorded outcomes (each plan's first warm.finished), counted once their batch committed",
+            ["outcome"],  # verified, partial, failed
+            registry=registry,
+        )
+        for outcome in ("verified", "partial", "failed"):
+            self.plan_outcomes.labels(outcome)  # at 0 from the start: increase() misses a series' first step
+        self.consumer_lag = Gauge(
+            "warmplane_planner_consumer_lag",
+            "Events on each assigned partition not yet read (log end offset minus position)",
+            ["topic", "partition"],
             registry=registry,
         )
         self.batch_seconds = Histogram(

@@ -15,7 +15,7 @@ from warmplane.services.planner.core.simple_plan import NodeKey
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelStatistics
 from warmplane.services.planner.plans import Unplanned
 from warmplane.services.planner.policy import StoredPrefix
-from warmplane.shared.events import ModelRef, PrefixPayload, WarmItem, WarmPlanIssued
+from warmplane.shared.events import ModelRef, PrefixPayload, WarmFinished, WarmItem, WarmPlanIssued
 
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
@@ -60,6 +60,7 @@ VALUES ($1, $2, $3, $4, $5, 'issued', $6::jsonb, $7, $8, $9, $10, $11::jsonb)
 ON CONFLICT (trigger_event_id, replica_id) DO NOTHING
 RETURNING plan_id
 """
+FINISHED_AT = "SELECT plan_id, finished_at FROM warm_plans WHERE plan_id = ANY($1::uuid[])"
 MARK_PUBLISHED = "UPDATE warm_plans SET published_at = $2 WHERE plan_id = $1 AND published_at IS NULL"
 UNPUBLISHED = """
 SELECT event::text FROM warm_plans
@@ -188,6 +189,13 @@ class PgPlanStore:
             except msgspec.DecodeError:
                 log.warning("a recorded plan does not decode; it will not be published again")
         return plans
+
+    async def standing(self, results: Sequence[WarmFinished]) -> list[WarmFinished]:
+        """Those of `results` (committed) that are their plan's recorded outcome: the first one for a plan
+        stands, a later one was not written (pg_store), and the row's `finished_at` tells them apart."""
+        rows = await self._pool.fetch(FINISHED_AT, list({result.plan_id for result in results}))
+        finished_at = {plan_id: at for plan_id, at in rows}
+        return [result for result in results if finished_at.get(result.plan_id) == result.occurred_at]
 
     async def unplanned_starts(self, *, since: datetime, before: datetime) -> list[Unplanned]:
         """Replicas still starting or loading whose latest start, between `since` and `before`, has no

@@ -27,11 +27,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from warmplane.services.planner.metrics import PlannerMetrics
+from warmplane.services.planner.pg_store import plan_state
 from warmplane.services.planner.plan_choice import LIVE_STATES, Choice, ChoiceStore, WarmSetChooser
 from warmplane.services.planner.settings import PlanSettings, RingSettings
 from warmplane.shared.codec import DEFAULT_MAX_EVENT_BYTES
 from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.events import EpochBumped, ModelRef, ReplicaStarted, WarmPlanIssued
+from warmplane.shared.events import EpochBumped, ModelRef, ReplicaStarted, WarmFinished, WarmPlanIssued
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class PlanStore(ChoiceStore, Protocol):
     async def mark_published(self, plan_id: uuid.UUID, at: datetime) -> None: ...
     async def unpublished(self, *, issued_before: datetime, alive_at: datetime) -> list[WarmPlanIssued]: ...
     async def unplanned_starts(self, *, since: datetime, before: datetime) -> list[Unplanned]: ...
+    async def standing(self, results: Sequence[WarmFinished]) -> list[WarmFinished]: ...
 
 
 class PlanPublisher(Protocol):
@@ -81,6 +83,19 @@ class PlanIssuer:
             max_plan_bytes=max_plan_bytes,
             clock=clock,
         )
+
+    async def count_outcomes(self, results: Sequence[WarmFinished]) -> None:
+        """Count each result that became its plan's outcome (a later one for the same plan, such as a
+        restarted warmer refusing an old plan as expired, is not: the table keeps the first)."""
+        if not results:
+            return
+        try:
+            standing = await self._store.standing(results)
+        except Exception:  # a metric must not stop planning
+            log.warning("could not read which of %d plan outcomes stood", len(results), exc_info=True)
+            return
+        for result in standing:
+            self._metrics.plan_outcomes.labels(plan_state(result)).inc()
 
     async def issue(self, started: ReplicaStarted) -> WarmPlanIssued | None:
         """Choose, record and publish the plan `started` triggers; None if one was already recorded

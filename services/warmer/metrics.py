@@ -68,8 +68,19 @@ class WarmerMetrics:
             ["reason"],
             registry=registry,
         )
+        self.consumer_lag = Gauge(
+            "warmplane_warmer_consumer_lag",
+            "Plans on each partition of the plans topic not yet read (log end offset minus position)",
+            ["topic", "partition"],
+            registry=registry,
+        )
         self.publish_retries = Counter(
             "warmplane_warmer_publish_retries",
             "Lifecycle or result events the broker did not acknowledge in time (retried)",
             registry=registry,
         )
+
+    def add_replica(self, replica: str) -> None:
+        """Create `replica`'s failure counter at 0: Prometheus' increase() cannot see a series' first
+        step, so a replica whose first plan failed would never raise the warm-failure alert."""
+        self.items.labels(replica, "failed")

@@ -32,6 +32,7 @@ from warmplane.services.warmer.replica_driver import ReplicaDriver, refusal
 from warmplane.services.warmer.settings import EngineSettings, WarmerSettings
 from warmplane.services.warmer.vllm_client import VllmEngineClient
 from warmplane.shared.codec import DecodeFailure, EventCodec
+from warmplane.shared.consumer_lag import report_lag_forever
 from warmplane.shared.dead_letters import DeadLetter, KafkaDeadLetterSink, reason_class
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.event_publisher import KafkaEventPublisher
@@ -122,6 +123,15 @@ class Warmer:
             self._stack.push_async_callback(self._http.stop)
             self._spawn("outbox", self._drain_outbox(publisher))
             self._spawn("plans", self._consume_plans(consumer, dead_letters))
+            self._spawn(
+                "lag",
+                report_lag_forever(
+                    lambda: consumer,
+                    self.metrics.consumer_lag,
+                    interval_s=kafka.lag_interval_s,
+                    timeout_s=kafka.request_timeout_ms / 1000,
+                ),
+            )
             for engine in self.settings.engines:
                 self.add_engine(engine)
         except BaseException:
@@ -142,6 +152,7 @@ class Warmer:
             block_size=engine.block_size,
         )
         self._stack.push_async_callback(client.aclose)
+        self.metrics.add_replica(engine.replica)
         policy = policy_from(
             concurrency=warm.concurrency,
             ready_concurrency=warm.ready_concurrency,

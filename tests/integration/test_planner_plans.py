@@ -271,6 +271,15 @@ async def test_a_plans_first_outcome_stands(planner_settings: PlannerSettings) -
                 timeout_s=_TIMEOUT_S,
                 what="both results",
             )
+        # Read once the planner has stopped (drained, so its after-commit work is done): the metric
+        # agrees with the table, one plan and it verified.
+        outcomes = {
+            sample.labels["outcome"]: sample.value
+            for metric in planner.metrics.plan_outcomes.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+        }
+        assert outcomes == {"verified": 1, "partial": 0, "failed": 0}
         row = await pool.fetchrow(
             "SELECT state, verified_hits, failures FROM warm_plans WHERE plan_id = $1", plan_id
         )

@@ -11,7 +11,7 @@ from warmplane.services.planner.core.simple_plan import NodeKey
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelStatistics
 from warmplane.services.planner.plans import Unplanned
 from warmplane.services.planner.policy import StoredPrefix
-from warmplane.shared.events import EpochBumped, Event, ModelRef, PrefixPayload, WarmPlanIssued
+from warmplane.shared.events import EpochBumped, Event, ModelRef, PrefixPayload, WarmFinished, WarmPlanIssued
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 BUCKET = int(NOW.timestamp()) // 60
@@ -86,6 +86,9 @@ class MemoryPlans:
     async def unplanned_starts(self, *, since: datetime, before: datetime) -> list[Unplanned]:
         planned = {trigger for trigger, _replica in self.rows}
         return [start for start in self.unplanned if start.trigger not in planned]
+
+    async def standing(self, results: Sequence[WarmFinished]) -> list[WarmFinished]:
+        return list(results)
 
 
 class MemoryFleet:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
+from prometheus_client.metrics import MetricWrapperBase
 
 from warmplane.services.api.metrics import ApiMetrics
 from warmplane.services.api.settings import ApiSettings
@@ -151,24 +152,38 @@ def test_the_planner_starts_from_its_config_and_the_migrations_run_as_a_job(
     assert {"name": "metrics", "containerPort": settings.metrics_port} in planner["ports"]
 
 
-def _exported_series() -> set[str]:
-    """Every series name the services' registries expose (counters as `_total`, histograms' parts)."""
-    registry = CollectorRegistry()
-    PlannerMetrics(registry)
-    WarmerMetrics(registry)
-    ApiMetrics(registry)
-    GatewayMetrics(registry)
-    names: set[str] = set()
-    for metric in registry.collect():
-        names.add(metric.name)
-        suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created")}
-        names.update(metric.name + suffix for suffix in suffixes.get(metric.type, ()))
-    return names
+def _exported_series() -> dict[str, set[str]]:
+    """Every series name the services' registries expose (counters as `_total`, histograms' parts), with
+    its label names (a histogram's buckets add `le`)."""
+    services: list[object] = [
+        PlannerMetrics(CollectorRegistry()),
+        WarmerMetrics(CollectorRegistry()),
+        ApiMetrics(CollectorRegistry()),
+        GatewayMetrics(CollectorRegistry()),
+    ]
+    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created")}
+    series: dict[str, set[str]] = {}
+    for metrics in services:
+        # A labelled metric with no child yet exposes no sample: its label names are only on the wrapper.
+        for wrapper in vars(metrics).values():
+            if isinstance(wrapper, MetricWrapperBase):
+                name, labels = wrapper._name, set(wrapper._labelnames)
+                series[name] = labels
+                for suffix in suffixes.get(str(wrapper._type), ()):
+                    series[name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
+    return series
+
+
+def _expressions() -> list[str]:
+    """Every PromQL expression of the alert rules and the dashboard's panels."""
+    rules = yaml.safe_load((ROOT / "infra" / "prometheus" / "warmplane-rules.yml").read_text())
+    expressions = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    dashboard = json.loads((ROOT / "infra" / "grafana" / "warmplane-overview.json").read_text())
+    return expressions + [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
 
 
 def test_alert_rules_and_the_dashboard_use_only_metrics_the_services_export() -> None:
     rules = yaml.safe_load((ROOT / "infra" / "prometheus" / "warmplane-rules.yml").read_text())
-    expressions = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
     assert {rule["alert"] for group in rules["groups"] for rule in group["rules"]} >= {
         "WarmplaneColdStartRatioHigh",
         "WarmplaneWarmFailures",
@@ -176,11 +191,52 @@ def test_alert_rules_and_the_dashboard_use_only_metrics_the_services_export() ->
         "WarmplaneWarmerSilent",
         "WarmplanePlannerConsumerLag",
     }
-    dashboard = json.loads((ROOT / "infra" / "grafana" / "warmplane-overview.json").read_text())
-    expressions += [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
-    used = {name for expression in expressions for name in re.findall(r"\bwarmplane_[a-z_]+", expression)}
+    used = {name for expression in _expressions() for name in re.findall(r"\bwarmplane_[a-z_]+", expression)}
     assert used, "no Warmplane metric is used"
-    assert used <= _exported_series(), f"not exported: {sorted(used - _exported_series())}"
+    exported = set(_exported_series())
+    assert used <= exported, f"not exported: {sorted(used - exported)}"
+
+
+# Labels Prometheus adds to every scraped series.
+_TARGET_LABELS = {"job", "instance"}
+
+
+def test_queries_use_only_labels_their_metrics_have() -> None:
+    """A selector's labels are the metric's own; a `by (...)` groups on labels of a metric the query
+    reads. Either mistake gives an empty panel or an alert that never fires, and no error."""
+    exported = _exported_series()
+    for expression in _expressions():
+        metrics = re.findall(r"\bwarmplane_[a-z_]+", expression)
+        if not metrics:  # `up` and other series Prometheus makes itself
+            continue
+        for name, matchers in re.findall(r"\b(warmplane_[a-z_]+)\{([^}]*)\}", expression):
+            selected = set(re.findall(r"([a-z_]+)\s*(?:=~|!~|!=|=)", matchers))
+            assert selected <= exported[name] | _TARGET_LABELS, f"{name} has no {selected - exported[name]}"
+        available = set().union(*(exported[name] for name in metrics)) | _TARGET_LABELS
+        for grouping in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expression):
+            grouped = {label.strip() for label in grouping.split(",") if label.strip()}
+            assert grouped <= available, f"{expression!r} groups by {grouped - available}"
+
+
+def test_every_dashboard_panel_has_a_query_and_a_place_of_its_own() -> None:
+    dashboard = json.loads((ROOT / "infra" / "grafana" / "warmplane-overview.json").read_text())
+    panels = dashboard["panels"]
+    assert len({panel["id"] for panel in panels}) == len(panels), "panel ids repeat"
+    variables = {variable["name"] for variable in dashboard["templating"]["list"]}
+    cells: set[tuple[int, int]] = set()
+    for panel in panels:
+        assert panel["targets"] and panel["title"], panel["id"]
+        assert len({target["refId"] for target in panel["targets"]}) == len(panel["targets"]), panel["title"]
+        assert panel["datasource"]["uid"].strip("${}") in variables, panel["title"]
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, f"{panel['title']} is wider than the dashboard"
+        covered = {
+            (x, y)
+            for x in range(grid["x"], grid["x"] + grid["w"])
+            for y in range(grid["y"], grid["y"] + grid["h"])
+        }
+        assert not covered & cells, f"{panel['title']} overlaps another panel"
+        cells |= covered
 
 
 def test_the_cold_start_alert_is_the_seed_documents_rule() -> None:
