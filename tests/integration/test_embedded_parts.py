@@ -23,7 +23,7 @@ from warmplane.shared.embedded import (
     EmbeddedStack,
     StartupError,
 )
-from warmplane.shared.embedded.processes import port_is_open
+from warmplane.shared.embedded.processes import live_members, port_is_open
 
 _CLIENT_TIMEOUT_S = 10.0
 
@@ -97,11 +97,13 @@ async def test_redis_set_get_round_trips(embedded_redis: EmbeddedRedis) -> None:
 
 
 def _group_exists(pgid: int) -> bool:
+    """Whether a member of `pgid` still runs. Zombies do not count: a killed part's children are
+    orphans that a container's first process may never reap (`processes.live_members`)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
-    return True
+    return live_members(pgid)
 
 
 @pytest.mark.parametrize("part_type", [EmbeddedKafka, EmbeddedPostgres, EmbeddedRedis])
