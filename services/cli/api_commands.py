@@ -123,6 +123,14 @@ def _show(
     return 0
 
 
+def _acted(out: TextIO, args: argparse.Namespace, answer: dict[str, Any], done: str) -> int:
+    """An action's answer: its JSON, or `done` and the event that carries it."""
+    if args.json:
+        return _show(out, args, answer, [], ())
+    print(f"{done} (event {answer['event_id']})", file=out)
+    return 0
+
+
 def _replica_row(replica: dict[str, Any]) -> dict[str, Any]:
     plan = replica.get("latest_plan") or {}
     return {
@@ -215,10 +223,7 @@ def _warm_sets(client: ApiClient, args: argparse.Namespace, out: TextIO) -> int:
 @_handles("rewarm")
 def _rewarm(client: ApiClient, args: argparse.Namespace, out: TextIO) -> int:
     answer = client.post("/v1/rewarms", {"replica": args.replica, "reason": args.reason})
-    if args.json:
-        return _show(out, args, answer, [], ())
-    print(f"re-warm of {args.replica} requested (event {answer['event_id']})", file=out)
-    return 0
+    return _acted(out, args, answer, f"re-warm of {args.replica} requested")
 
 
 @_handles("deploy")
@@ -231,10 +236,7 @@ def _deploy(client: ApiClient, args: argparse.Namespace, out: TextIO) -> int:
         "prompt_revs": args.prompt_rev,
     }
     answer = client.post("/v1/deploys", body)
-    if args.json:
-        return _show(out, args, answer, [], ())
-    print(f"deploy.{args.phase} of {args.model} published (event {answer['event_id']})", file=out)
-    return 0
+    return _acted(out, args, answer, f"deploy.{args.phase} of {args.model} published")
 
 
 @_handles("scale")
@@ -247,10 +249,12 @@ def _scale(client: ApiClient, args: argparse.Namespace, out: TextIO) -> int:
         "to_replicas": args.to_replicas,
     }
     answer = client.post("/v1/fleet/scale", body)
-    if args.json:
-        return _show(out, args, answer, [], ())
-    print(f"fleet.scaled of {args.model} {args.from_replicas} -> {args.to_replicas} published", file=out)
-    return 0
+    return _acted(
+        out,
+        args,
+        answer,
+        f"fleet.scaled of {args.model} {args.from_replicas} -> {args.to_replicas} published",
+    )
 
 
 @_handles("wait-ready")

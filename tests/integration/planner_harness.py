@@ -96,6 +96,20 @@ async def running_planner(settings: PlannerSettings) -> AsyncIterator[Planner]:
         await asyncio.wait_for(task, 30)
 
 
+async def run_warmplane(env: dict[str, str], *args: str, timeout_s: float = 180) -> tuple[int, str]:
+    """Run `warmplane ARGS` as a process with `env` (and PATH) only; (exit code, stdout and stderr)."""
+    run = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).with_name("warmplane")),
+        *args,
+        env={"PATH": os.environ["PATH"], **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(run.communicate(), timeout_s)
+    assert run.returncode is not None
+    return run.returncode, output.decode()
+
+
 def planner_environment(settings: PlannerSettings) -> dict[str, str]:
     """`settings` as the `WARMPLANE_*` environment a planner process reads (nothing else inherited)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("WARMPLANE_")}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import sys
 import uuid
@@ -29,7 +28,15 @@ from tests.integration.api_harness import (
     running_api,
 )
 from tests.integration.conftest import fresh_database, planner_settings_for
-from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, request, running_planner
+from tests.integration.planner_harness import (
+    MODEL,
+    poll_until,
+    produce,
+    read_topic,
+    request,
+    run_warmplane,
+    running_planner,
+)
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres
@@ -425,17 +432,7 @@ async def test_the_status_page_shows_replicas_warm_sets_and_health_in_headless_c
 
 async def _cli(world: World, token: str, *args: str) -> tuple[int, str]:
     """Run `warmplane ARGS` as a process against the API, the token in its environment."""
-    env = {"PATH": os.environ["PATH"], "WARMPLANE_API_URL": world.api.url, "WARMPLANE_API_TOKEN": token}
-    run = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).with_name("warmplane")),
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output, _ = await asyncio.wait_for(run.communicate(), 60)
-    assert run.returncode is not None
-    return run.returncode, output.decode()
+    return await run_warmplane({"WARMPLANE_API_URL": world.api.url, "WARMPLANE_API_TOKEN": token}, *args)
 
 
 async def test_the_cli_prints_tables_and_json_acts_and_refuses_with_the_apis_reason(world: World) -> None:

@@ -3,13 +3,9 @@ request event of the given tenant and model, in the trace's order and spacing.""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import sys
 import uuid
-from pathlib import Path
 
-from tests.integration.planner_harness import read_topic
+from tests.integration.planner_harness import read_topic, run_warmplane
 from warmplane.services.cli.up import DEFAULT_TRACE
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka
@@ -23,20 +19,10 @@ REQUESTS = 500
 
 async def _warmplane(kafka: KafkaSettings, *args: str) -> tuple[int, str]:
     env = {
-        "PATH": os.environ["PATH"],
         "WARMPLANE_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
         "WARMPLANE_KAFKA__TOPIC_PREFIX": kafka.topic_prefix,
     }
-    run = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).with_name("warmplane")),
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output, _ = await asyncio.wait_for(run.communicate(), 180)
-    assert run.returncode is not None
-    return run.returncode, output.decode()
+    return await run_warmplane(env, *args)
 
 
 async def test_a_trace_is_replayed_as_request_events_with_progress(embedded_kafka: EmbeddedKafka) -> None:
