@@ -8,12 +8,14 @@ test that kills an engine runs last.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import tempfile
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -33,12 +35,15 @@ from tests.integration.gateway_harness import (
     wait_ready,
 )
 from tests.integration.planner_harness import poll_until, produce, read_topic
+from warmplane.services.gateway.openai_request import chain_of, decode
 from warmplane.services.gateway.service import Gateway
 from warmplane.shared.cache_salt import derive_cache_salt
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm, ensure_tiny_model
 from warmplane.shared.events import PrefixMissed, RequestObserved
+from warmplane.shared.hash_ring import HashRing
+from warmplane.shared.prefix_chain import Namespace
 from warmplane.shared.topics import Topics
 
 
@@ -78,11 +83,19 @@ async def test_a_replica_that_is_not_ready_receives_nothing_and_a_prefix_keeps_i
     model = engines["r0"].model_name
     await announce(kafka, engines, ready={"r0"})
     before = await vllm_requests(engines["r1"])
+    # Prompts the shared ring gives to each replica, so the test cannot pass by chance.
+    ring = HashRing(["r0", "r1"], vnodes=settings.routing.vnodes, load_factor=settings.routing.load_factor)
+    bodies: list[dict[str, Any]] = []
+    owners: list[str] = []
+    while len(bodies) < 8 or len(set(owners)) < 2:
+        body = chat_body(rng, model)
+        root = chain_of(decode(json.dumps(body).encode(), "chat"), Namespace("acme", model)).ids[0]
+        bodies.append(body)
+        owners.append(ring.owner(root))
     async with (
         Gateway(settings) as gateway,
         httpx.AsyncClient(base_url=gateway.url, timeout=TIMEOUT) as client,
     ):
-        bodies = [chat_body(rng, model) for _ in range(8)]
         for body in bodies:
             response = await client.post("/v1/chat/completions", json=body, headers=headers(keys["acme"]))
             assert (response.status_code, response.headers["x-warmplane-replica"]) == (200, "r0")
@@ -96,7 +109,7 @@ async def test_a_replica_that_is_not_ready_receives_nothing_and_a_prefix_keeps_i
             assert response.status_code == 200
             served.setdefault(i % len(bodies), []).append(response.headers["x-warmplane-replica"])
     assert all(len(set(replicas)) == 1 for replicas in served.values()), served
-    assert {replicas[0] for replicas in served.values()} == {"r0", "r1"}
+    assert [served[i][0] for i in range(len(bodies))] == owners  # each on its ring owner: r0 and r1
 
 
 async def test_tenants_get_different_salts_and_never_read_each_others_cache(
