@@ -15,7 +15,19 @@ from aiokafka import AIOKafkaProducer
 
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.events import Event
+from warmplane.shared.settings import KafkaSettings
 from warmplane.shared.topics import Topics, partition_key
+
+
+def acknowledging_producer(kafka: KafkaSettings, name: str) -> AIOKafkaProducer:
+    """A producer (not started) for control-plane events: every write acknowledged by all in-sync
+    replicas (`acks='all'`), requests bounded by `request_timeout_ms`; its client id ends in `name`."""
+    return AIOKafkaProducer(
+        bootstrap_servers=kafka.bootstrap_servers,
+        client_id=f"{kafka.client_id}-{name}",
+        acks="all",
+        request_timeout_ms=kafka.request_timeout_ms,
+    )
 
 
 class KafkaEventPublisher:

@@ -12,7 +12,9 @@ from typing import Annotated, Protocol
 
 from fastapi import Depends, Header, Request
 
+from warmplane.services.api import figures
 from warmplane.services.api.auth import Principal, TokenBook
+from warmplane.services.api.figures import Window
 from warmplane.services.api.metrics import ApiMetrics
 from warmplane.services.api.pg_read import PgReadModel
 from warmplane.services.api.settings import ApiOptions
@@ -33,6 +35,13 @@ class ApiDeps:
     metrics: ApiMetrics
     clock: Callable[[], float]
     """Unix seconds now."""
+
+    def window(self, window_s: int | None, step_s: int | None = None) -> Window:
+        """The statistics buckets of the last `window_s` seconds (the default window if None), in steps
+        of `step_s` (one step if None)."""
+        options = self.options
+        seconds = window_s or options.default_window_s
+        return figures.window(self.clock(), seconds, step_s, options.bucket_seconds)
 
 
 def api_deps(request: Request) -> ApiDeps:

@@ -9,9 +9,11 @@ planner acts on it like on any other producer's; the answer (202) names the even
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, status
 
+from warmplane.services.api.auth import Principal
 from warmplane.services.api.deps import ApiDeps, Caller, Deps
 from warmplane.services.api.routes_read import ERRORS
 from warmplane.services.api.schemas import (
@@ -54,9 +56,7 @@ async def bump_epoch(deps: Deps, caller: Caller, tenant: Name, model: Name, body
     current = await deps.read.epochs(tenant, model)
     epoch = (current[0]["epoch"] if current else 0) + 1
     event = EpochBumped(
-        event_id=new_event_id(),
-        occurred_at=datetime.now(UTC),
-        producer=_producer(caller.name),
+        **_envelope(caller),
         tenant=tenant,
         model=ModelRef(model),
         epoch=epoch,
@@ -82,9 +82,7 @@ async def rewarm_replica(deps: Deps, caller: Caller, body: RewarmReplica) -> Acc
         raise HTTPException(404, f"no replica {body.replica!r}")
     row = rows[0]
     event = ReplicaRewarmRequested(
-        event_id=new_event_id(),
-        occurred_at=datetime.now(UTC),
-        producer=_producer(caller.name),
+        **_envelope(caller),
         model=ModelRef(row["model"], row["model_revision"]),
         replica=body.replica,
         reason=body.reason or f"requested by {caller.name}",
@@ -99,9 +97,7 @@ async def announce_deploy(deps: Deps, caller: Caller, body: AnnounceDeploy) -> A
     caller.require_admin()
     kind = DeployStarted if body.phase == "started" else DeployFinished
     event = kind(
-        event_id=new_event_id(),
-        occurred_at=datetime.now(UTC),
-        producer=_producer(caller.name),
+        **_envelope(caller),
         tenant=body.tenant,
         model=ModelRef(body.model, body.revision),
         prompt_revs=list(body.prompt_revs),
@@ -115,9 +111,7 @@ async def announce_scale(deps: Deps, caller: Caller, body: AnnounceScale) -> Acc
     """A model's replica count changed (or is about to): the planner pre-warms the new replicas."""
     caller.require_admin()
     event = FleetScaled(
-        event_id=new_event_id(),
-        occurred_at=datetime.now(UTC),
-        producer=_producer(caller.name),
+        **_envelope(caller),
         tenant=body.tenant,
         model=ModelRef(body.model, body.revision),
         from_replicas=body.from_replicas,
@@ -127,8 +121,13 @@ async def announce_scale(deps: Deps, caller: Caller, body: AnnounceScale) -> Acc
     return Accepted(event_id=event.event_id, type="fleet.scaled")
 
 
-def _producer(token_name: str) -> str:
-    return f"api:{token_name}"[:128]
+def _envelope(caller: Principal) -> dict[str, Any]:
+    """The fields every action's event shares: a new id, now, and who acted (`api:<token name>`)."""
+    return {
+        "event_id": new_event_id(),
+        "occurred_at": datetime.now(UTC),
+        "producer": f"api:{caller.name}"[:128],
+    }
 
 
 async def _publish(deps: ApiDeps, event: Event) -> None:

@@ -153,8 +153,7 @@ async def top_misses(
 ) -> list[Miss]:
     """The prefixes that missed most in the window, by hash; payload previews only for callers allowed to
     see that tenant."""
-    options = deps.options
-    span = figures.window(deps.clock(), window_s or options.default_window_s, None, options.bucket_seconds)
+    span = deps.window(window_s)
     rows = await deps.read.top_misses(span.since_bucket, model, caller.tenant_scope(tenant), limit)
     visible = [(row["scope_id"], row["prefix_id"]) for row in rows if caller.may_see_payloads(row["tenant"])]
     payloads = await deps.read.payloads(visible)
@@ -185,8 +184,7 @@ async def traffic(
     step_s: Annotated[int | None, Query(ge=1, le=30 * 86_400, description="seconds per point")] = None,
 ) -> list[TrafficPoint]:
     """Prefix hit ratio, cold starts and TTFT per tenant and model over time, from request events."""
-    options = deps.options
-    span = figures.window(deps.clock(), window_s or options.default_window_s, step_s, options.bucket_seconds)
+    span = deps.window(window_s, step_s)
     rows = await deps.read.traffic(span, model, caller.tenant_scope(tenant))
     return [_traffic_point(row) for row in rows]
 
@@ -202,8 +200,7 @@ async def warm_sets(
 ) -> list[WarmSet]:
     """What the live replicas of `model` were planned to hold, per tenant and epoch, and how much of the
     window's traffic passes through it."""
-    options = deps.options
-    span = figures.window(deps.clock(), window_s or options.default_window_s, None, options.bucket_seconds)
+    span = deps.window(window_s)
     rows = await deps.read.warm_items(model, caller.tenant_scope(tenant))
     groups: dict[tuple[str, str, int], list[asyncpg.Record]] = defaultdict(list)
     for row in rows:

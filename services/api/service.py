@@ -10,10 +10,6 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
-import asyncpg
-from aiokafka import AIOKafkaProducer
-
-from warmplane.services.api import figures
 from warmplane.services.api.app import build_app
 from warmplane.services.api.auth import TokenBook
 from warmplane.services.api.deps import ApiDeps
@@ -22,8 +18,9 @@ from warmplane.services.api.pg_read import PgReadModel
 from warmplane.services.api.settings import ApiSettings
 from warmplane.shared.asgi_server import AsgiServer
 from warmplane.shared.codec import EventCodec
-from warmplane.shared.event_publisher import KafkaEventPublisher
+from warmplane.shared.event_publisher import KafkaEventPublisher, acknowledging_producer
 from warmplane.shared.kafka_admin import ensure_topics
+from warmplane.shared.postgres_pool import open_pool
 from warmplane.shared.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -35,19 +32,8 @@ async def api_deps(settings: ApiSettings, metrics: ApiMetrics | None = None) -> 
     kafka = settings.kafka
     topics = Topics(kafka.topic_prefix)
     await ensure_topics(kafka, (topics.lifecycle,))
-    pool = await asyncpg.create_pool(
-        settings.postgres.asyncpg_dsn(),
-        min_size=1,
-        max_size=settings.postgres.pool_size,
-        timeout=settings.postgres.connect_timeout_s,
-        command_timeout=settings.postgres.statement_timeout_ms / 1000,
-    )
-    producer = AIOKafkaProducer(
-        bootstrap_servers=kafka.bootstrap_servers,
-        client_id=f"{kafka.client_id}-api",
-        acks="all",
-        request_timeout_ms=kafka.request_timeout_ms,
-    )
+    pool = await open_pool(settings.postgres)
+    producer = acknowledging_producer(kafka, "api")
     try:
         await producer.start()
         publisher = KafkaEventPublisher(
@@ -72,7 +58,7 @@ async def api_deps(settings: ApiSettings, metrics: ApiMetrics | None = None) -> 
 async def refresh_health(deps: ApiDeps) -> None:
     """Read the health figures of the last five minutes into the gauges; a tenant and model with no
     traffic any more is dropped from them."""
-    span = figures.window(deps.clock(), HEALTH_WINDOW_S, None, deps.options.bucket_seconds)
+    span = deps.window(HEALTH_WINDOW_S)
     totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for row in await deps.read.traffic(span, None, None):
         total = totals[(row[1], row[2])]

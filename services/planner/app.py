@@ -18,7 +18,6 @@ from typing import Any
 import asyncpg
 from aiokafka import (
     AIOKafkaConsumer,
-    AIOKafkaProducer,
     ConsumerRebalanceListener,
     ConsumerRecord,
     TopicPartition,
@@ -41,8 +40,9 @@ from warmplane.services.planner.settings import PlannerSettings, PlanSettings
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.consumer_lag import report_lag_forever
 from warmplane.shared.dead_letters import KafkaDeadLetterSink
-from warmplane.shared.event_publisher import KafkaEventPublisher
+from warmplane.shared.event_publisher import KafkaEventPublisher, acknowledging_producer
 from warmplane.shared.kafka_admin import ensure_topics
+from warmplane.shared.postgres_pool import open_pool
 from warmplane.shared.schema_check import require_schema_at_head
 from warmplane.shared.topics import Topics
 
@@ -133,22 +133,10 @@ async def _resources(
     kafka = settings.kafka
     await ensure_topics(kafka, topics.all())
     async with contextlib.AsyncExitStack() as stack:
-        pool = await asyncpg.create_pool(
-            settings.postgres.asyncpg_dsn(),
-            min_size=1,
-            max_size=settings.postgres.pool_size,
-            timeout=settings.postgres.connect_timeout_s,
-            command_timeout=settings.postgres.statement_timeout_ms / 1000,
-            init=PgIngestStore.prepare_session,
-        )
+        pool = await open_pool(settings.postgres, init=PgIngestStore.prepare_session)
         stack.push_async_callback(pool.close)
         await require_schema_at_head(pool)
-        producer = AIOKafkaProducer(
-            bootstrap_servers=kafka.bootstrap_servers,
-            client_id=f"{kafka.client_id}-planner-out",  # dead letters and plans
-            acks="all",
-            request_timeout_ms=kafka.request_timeout_ms,
-        )
+        producer = acknowledging_producer(kafka, "planner-out")  # dead letters and plans
         await producer.start()
         stack.push_async_callback(producer.stop)
         if settings.metrics_port:

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
@@ -35,7 +35,7 @@ from warmplane.shared.codec import DecodeFailure, EventCodec
 from warmplane.shared.consumer_lag import report_lag_forever
 from warmplane.shared.dead_letters import DeadLetter, KafkaDeadLetterSink, reason_class
 from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.event_publisher import KafkaEventPublisher
+from warmplane.shared.event_publisher import KafkaEventPublisher, acknowledging_producer
 from warmplane.shared.events import Event, WarmPlanIssued
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.topics import Topics
@@ -90,12 +90,7 @@ class Warmer:
         kafka = self.settings.kafka
         try:
             await ensure_topics(kafka, self._topics.all())
-            producer = AIOKafkaProducer(
-                bootstrap_servers=kafka.bootstrap_servers,
-                client_id=f"{kafka.client_id}-warmer-{self.node}",
-                acks="all",
-                request_timeout_ms=kafka.request_timeout_ms,
-            )
+            producer = acknowledging_producer(kafka, f"warmer-{self.node}")
             await producer.start()
             self._stack.push_async_callback(producer.stop)
             publisher = KafkaEventPublisher(

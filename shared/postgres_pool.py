@@ -1,0 +1,27 @@
+"""The asyncpg pool every service opens from its `PostgresSettings`: one place maps the settings'
+sizes and timeouts onto the pool, so a service cannot forget one."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+
+from warmplane.shared.settings import PostgresSettings
+
+
+async def open_pool(
+    postgres: PostgresSettings, *, init: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
+) -> asyncpg.Pool:
+    """A started pool (the caller closes it): at most `pool_size` connections, each opened within
+    `connect_timeout_s` and every statement bounded by `statement_timeout_ms`; `init` runs on each new
+    connection. Raises what asyncpg raises when Postgres cannot be reached."""
+    pool: asyncpg.Pool = await asyncpg.create_pool(
+        postgres.asyncpg_dsn(),
+        min_size=1,
+        max_size=postgres.pool_size,
+        timeout=postgres.connect_timeout_s,
+        command_timeout=postgres.statement_timeout_ms / 1000,
+        init=init,
+    )
+    return pool
