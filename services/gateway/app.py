@@ -26,9 +26,12 @@ from warmplane.services.gateway.membership import Membership
 from warmplane.services.gateway.metrics import GatewayMetrics
 from warmplane.services.gateway.observations import EventSink, Observer
 from warmplane.services.gateway.proxy import Proxy, error_response
+from warmplane.services.gateway.result_cache import ResultCache
+from warmplane.services.gateway.result_stores import ResultStores
 from warmplane.services.gateway.router import Router
 from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.gateway.tenants import EpochBook, SaltBook, TenantDirectory
+from warmplane.services.gateway.text_embedding import NgramEmbedder
 from warmplane.services.gateway.upstream import Upstream
 from warmplane.shared.event_ids import new_event_id
 
@@ -40,6 +43,7 @@ class GatewayParts:
     router: Router
     epochs: EpochBook
     metrics: GatewayMetrics
+    results: ResultCache | None
 
 
 def bootstrap(
@@ -49,13 +53,19 @@ def bootstrap(
     sink: EventSink,
     client: Upstream,
     epochs: EpochBook | None = None,
+    stores: ResultStores | None = None,
     new_id: Callable[[], uuid.UUID] = new_event_id,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> GatewayParts:
-    """The gateway over `membership`, forwarding with `client`, emitting into `sink`. No I/O here."""
+    """The gateway over `membership`, forwarding with `client`, emitting into `sink`; with a result
+    cache over `stores` when they are given. No I/O here."""
     metrics = GatewayMetrics(CollectorRegistry())
     epochs = epochs if epochs is not None else EpochBook()
     router = Router(membership, settings.routing)
+    results = None
+    if stores is not None:
+        embedder = NgramEmbedder(settings.result_cache.embedding_dimensions)
+        results = ResultCache(settings.result_cache, stores.answers, stores.index, embedder, metrics)
     options = settings.gateway
     observer = Observer(
         sink,
@@ -76,8 +86,9 @@ def bootstrap(
         metrics=metrics,
         options=options,
         routing=settings.routing,
+        results=results,
     )
-    return GatewayParts(build_app(proxy, membership, metrics), proxy, router, epochs, metrics)
+    return GatewayParts(build_app(proxy, membership, metrics), proxy, router, epochs, metrics, results)
 
 
 def build_app(proxy: Proxy, membership: Membership, metrics: GatewayMetrics) -> Starlette:

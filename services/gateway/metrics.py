@@ -3,7 +3,9 @@
 Labels stay bounded: `tenant` is a configured tenant or `-` (unauthenticated), `model` a served model
 or `-` (unknown to the gateway), `replica` a member of the fleet. The cached-token ratio is
 `rate(warmplane_gateway_cached_tokens_total) / rate(warmplane_gateway_prompt_tokens_total)`, and a
-per-request histogram of it.
+per-request histogram of it. The result cache's hit rate (the seed documents' "semantic hit rate") is
+`sum(rate(warmplane_gateway_result_lookups_total{outcome=~"exact|semantic"})) /
+sum(rate(warmplane_gateway_result_lookups_total))` per tenant and model.
 """
 
 from __future__ import annotations
@@ -80,6 +82,25 @@ class GatewayMetrics:
         )
         self.in_flight = Gauge(
             "warmplane_gateway_in_flight", "Requests in flight per replica", ["replica"], registry=registry
+        )
+        self.result_lookups = Counter(
+            "warmplane_gateway_result_lookups",
+            "Result-cache lookups by outcome: exact, semantic (hits), miss, error (served by a replica)",
+            [*tm, "outcome"],
+            registry=registry,
+        )
+        self.result_bypass = Counter(
+            "warmplane_gateway_result_bypass",
+            "Requests the result cache stayed out of: streaming, sampling, choices, no_store; no_cache"
+            " (looked up nothing, the answer is kept)",
+            [*tm, "reason"],
+            registry=registry,
+        )
+        self.result_keeps = Counter(
+            "warmplane_gateway_result_keeps",
+            "Answers offered to the result cache: kept, too_large, dropped (too many pending), error",
+            ["model", "outcome"],
+            registry=registry,
         )
         self.events_dropped = Counter(
             "warmplane_gateway_events_dropped",

@@ -11,6 +11,9 @@ Contracts:
   for `eject_s` (or until it reports ready again). A stream that dies gets one final SSE error event,
   then ends: the client is never left hanging.
 - In-flight counts (the ring's load bound) cover a request from its first attempt to its last byte.
+- With a result cache (`result_cache.py`), a request it may answer is looked up once the tenant, model
+  and epoch are known; a hit is answered without a replica (`x-warmplane-cache: exact | semantic`),
+  and a miss's 200 answer is offered to the cache (`x-warmplane-cache: miss`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from warmplane.services.gateway.openai_request import (
     upstream_body,
 )
 from warmplane.services.gateway.relayed_stream import Outcome, RelayedStream
+from warmplane.services.gateway.result_cache import Hit, Lookup, ResultCache
 from warmplane.services.gateway.router import Router
 from warmplane.services.gateway.settings import GatewayOptions, RoutingSettings
 from warmplane.services.gateway.sse_relay import SseRelay
@@ -52,6 +56,7 @@ from warmplane.services.gateway.upstream import (
 from warmplane.shared.prefix_chain import Namespace, PrefixChain
 
 REPLICA_HEADER = "x-warmplane-replica"
+CACHE_HEADER = "x-warmplane-cache"
 _decoder = msgspec.json.Decoder()
 
 
@@ -62,6 +67,7 @@ class _Job:
     epoch: int
     chain: PrefixChain
     started: float
+    cache: Lookup | None
 
 
 class Proxy:
@@ -79,6 +85,7 @@ class Proxy:
         metrics: GatewayMetrics,
         options: GatewayOptions,
         routing: RoutingSettings,
+        results: ResultCache | None = None,
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -89,6 +96,7 @@ class Proxy:
         self._metrics = metrics
         self._options = options
         self._routing = routing
+        self._results = results
         self._wall = wall
         self._monotonic = monotonic
 
@@ -114,8 +122,14 @@ class Proxy:
                 raise errors.unknown_model(client_request.model)
             model = client_request.model
             epoch = self._epochs.epoch(tenant, model)
+            cache = None
+            if self._results is not None:
+                control = request.headers.get("cache-control", "")
+                cache = await self._results.lookup(client_request, tenant, epoch, control)
+                if cache is not None and cache.hit is not None:
+                    return self._from_cache(client_request, tenant, started, cache.hit)
             chain = chain_of(client_request, Namespace(tenant, model))
-            return await self._forward(_Job(client_request, tenant, epoch, chain, started))
+            return await self._forward(_Job(client_request, tenant, epoch, chain, started, cache))
         except ApiError as error:
             self._finish(tenant, model, kind, error.status, started, code=error.code)
             return error_response(error)
@@ -185,11 +199,18 @@ class Proxy:
             await upstream.close()
             self._release(replica.name)
         status = upstream.status
+        headers = {REPLICA_HEADER: replica.name}
         if status == 200:
             self._observe(job, replica, route, _usage_of(content), None)
-        headers = {REPLICA_HEADER: replica.name}
+            if job.cache is not None and self._results is not None:
+                self._results.keep(job.cache, content)
+                headers[CACHE_HEADER] = "miss"
         self._finish(job.tenant, request.model, request.kind, status, job.started, code=str(status))
         return Response(content, status_code=status, headers=headers, media_type=upstream.content_type)
+
+    def _from_cache(self, request: ClientRequest, tenant: str, started: float, hit: Hit) -> Response:
+        self._finish(tenant, request.model, request.kind, 200, started, code="200")
+        return Response(hit.answer, headers={CACHE_HEADER: hit.tier}, media_type="application/json")
 
     def _relay(self, job: _Job, replica: Replica, route: str, upstream: UpstreamResponse) -> Response:
         request = job.request

@@ -1,7 +1,8 @@
 """The gateway process: `async with Gateway(settings) as gateway:` serves until the block ends.
 
 `Gateway` owns the emitter (events out, never awaited on the serving path), the lifecycle follower (or
-the static replicas of `WARMPLANE_STATIC_REPLICAS`), the pooled HTTP client to the replicas, and uvicorn.
+the static replicas of `WARMPLANE_STATIC_REPLICAS`), the pooled HTTP client to the replicas, the result
+cache's Redis client and Postgres pool (when `WARMPLANE_RESULT_CACHE__ENABLED`), and uvicorn.
 Start-up waits at most `catch_up_timeout_s` for the lifecycle topic to be read to its end, then serves
 with what it knows and says so in the log.
 """
@@ -14,17 +15,22 @@ import logging
 from types import TracebackType
 from typing import Self
 
+import asyncpg
+
 from warmplane.services.gateway.app import GatewayParts, bootstrap
 from warmplane.services.gateway.lifecycle_follower import LifecycleFollower
 from warmplane.services.gateway.membership import Membership, Replica, ReplicaTable, static_membership
 from warmplane.services.gateway.observations import EventSink
 from warmplane.services.gateway.registry import seed_from_registry
+from warmplane.services.gateway.result_cache import ResultCache
+from warmplane.services.gateway.result_stores import PgQueryIndex, RedisAnswers, ResultStores, redis_client
 from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.gateway.tenants import EpochBook
 from warmplane.services.gateway.upstream import AiohttpUpstream
 from warmplane.shared.asgi_server import AsgiServer
 from warmplane.shared.emitter import Emitter
 from warmplane.shared.kafka_admin import ensure_topics
+from warmplane.shared.postgres_pool import open_pool
 from warmplane.shared.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -91,8 +97,53 @@ class Gateway:
         membership = await self._membership(topics, epochs)
         client = upstream_client(settings)
         self._stack.push_async_callback(client.close)
-        self.parts = bootstrap(settings, membership=membership, sink=sink, client=client, epochs=epochs)
+        stores = await self._result_stores() if settings.result_cache.enabled else None
+        self.parts = bootstrap(
+            settings, membership=membership, sink=sink, client=client, epochs=epochs, stores=stores
+        )
+        if self.parts.results is not None:
+            self._keep_results_tidy(self.parts.results)
         await self._serve(self.parts)
+
+    async def _result_stores(self) -> ResultStores:
+        """Redis for answers; Postgres for the semantic tier's vectors, if it is on and reachable (if
+        not, the tier is off for this process's life, and the log says why: serving goes on)."""
+        settings = self.settings
+        client = redis_client(settings.redis)
+        self._stack.push_async_callback(client.aclose)
+        index = None
+        if settings.result_cache.semantic:
+            try:
+                pool = await open_pool(settings.postgres)
+            except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+                log.warning("the semantic result tier is off: Postgres could not be reached (%s)", exc)
+            else:
+                self._stack.push_async_callback(pool.close)
+                index = PgQueryIndex(pool)
+        return ResultStores(RedisAnswers(client), index)
+
+    def _keep_results_tidy(self, results: ResultCache) -> None:
+        """Expired query vectors swept every `sweep_s`; at stop, answers being kept get a bounded wait."""
+        every_s = self.settings.result_cache.sweep_s
+
+        async def sweep_forever() -> None:
+            while True:
+                await asyncio.sleep(every_s)
+                try:
+                    swept = await results.sweep()
+                except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+                    log.warning("expired result-cache vectors were not swept (%s)", exc)
+                else:
+                    log.debug("swept %d expired result-cache vectors", swept)
+
+        sweeper = asyncio.get_running_loop().create_task(sweep_forever(), name="result-cache-sweeper")
+
+        async def stop_sweeping() -> None:
+            sweeper.cancel()
+            await asyncio.gather(sweeper, return_exceptions=True)
+
+        self._stack.push_async_callback(stop_sweeping)
+        self._stack.push_async_callback(results.drain, _STOP_TIMEOUT_S)
 
     async def _membership(self, topics: Topics, epochs: EpochBook) -> Membership:
         settings = self.settings

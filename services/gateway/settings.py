@@ -1,5 +1,6 @@
 """The gateway's settings: `WARMPLANE_API_KEYS`, `WARMPLANE_TENANT_SECRETS`, `WARMPLANE_GATEWAY__*`,
-`WARMPLANE_EMITTER__*` and `WARMPLANE_STATIC_REPLICAS` on top of the shared parts.
+`WARMPLANE_EMITTER__*`, `WARMPLANE_RESULT_CACHE__*` and `WARMPLANE_STATIC_REPLICAS` on top of the
+shared parts.
 
 Example:
     WARMPLANE_API_KEYS='{"acme": ["sk-acme-1"], "globex": ["sk-globex-1"]}'
@@ -74,6 +75,31 @@ class GatewayOptions(BaseModel):
     registry_timeout_s: Seconds = 10.0
 
 
+class ResultCacheSettings(BaseModel):
+    """The versioned result cache (`result_cache.py`): off unless `enabled`. Answers live in Redis
+    (`WARMPLANE_REDIS__URL`); the semantic tier's query vectors in Postgres (`WARMPLANE_POSTGRES__URL`,
+    pgvector)."""
+
+    enabled: bool = False
+    semantic: bool = False
+    """Also answer a query from the nearest earlier one of the same context, if at least `similarity`
+    alike. Off by default: the built-in embedding compares characters, not meaning, and a near-identical
+    query can still ask something else ("... in France?" / "... in Francia?")."""
+    similarity: Annotated[float, Field(gt=0, le=1)] = 0.95
+    ttl_s: Seconds = 3600.0
+    """How long an answer is kept: bounds both its staleness within an epoch and the stores' size."""
+    max_answer_bytes: Annotated[int, Field(ge=1)] = 256 * 1024
+    max_query_chars: Annotated[int, Field(ge=1)] = 4096
+    """Longer queries are matched exactly only (the embedding's cost grows with the text)."""
+    lookup_timeout_s: Seconds = 0.05
+    """Longest a request waits on the cache before it is served by a replica (counted as an error)."""
+    max_pending_keeps: Annotated[int, Field(ge=1)] = 256
+    """Answers being written in the background, at most; more are not kept (counted as dropped)."""
+    sweep_s: Seconds = 60.0
+    """How often expired query vectors are deleted from Postgres."""
+    embedding_dimensions: Annotated[int, Field(ge=8, le=4096)] = 256
+
+
 class GatewaySettings(WarmplaneSettings):
     api_keys: dict[str, list[SecretStr]] = Field(default_factory=dict)
     """Each tenant's API keys (secrets: never logged)."""
@@ -83,6 +109,7 @@ class GatewaySettings(WarmplaneSettings):
     """When set, these replicas are served and the lifecycle topic is not read."""
     gateway: GatewayOptions = GatewayOptions()
     routing: RoutingSettings = RoutingSettings()
+    result_cache: ResultCacheSettings = ResultCacheSettings()
     emitter: EmitterSettings = EmitterSettings(client_id="warmplane-gateway")
 
     @model_validator(mode="after")

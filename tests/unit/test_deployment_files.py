@@ -22,6 +22,8 @@ from warmplane.services.warmer.metrics import WarmerMetrics
 from warmplane.services.warmer.settings import WarmerSettings
 from warmplane.shared.settings import load_settings
 
+_COMPOSE_DEFAULT = re.compile(r"\$\{[A-Z0-9_]+:-([^}]*)\}")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -82,9 +84,10 @@ def test_the_compose_gateway_is_valid_gateway_settings(monkeypatch: pytest.Monke
     }
     for key, raw in _compose()["services"]["gateway"]["environment"].items():
         value = given.get(key, str(raw).replace("${WARMPLANE_POSTGRES_PASSWORD}", "secret"))
-        monkeypatch.setenv(key, value)
+        monkeypatch.setenv(key, _COMPOSE_DEFAULT.sub(r"\1", value))  # Compose's `${NAME:-default}`
     settings = load_settings(GatewaySettings)
     assert settings.gateway.instance == "gateway-0" and settings.gateway.block_size == 16
+    assert not settings.result_cache.enabled
     assert "key-1" not in repr(settings) and "tenant-secret" not in repr(settings)
 
 

@@ -1,0 +1,109 @@
+"""Which requests the result cache may answer, and the keys it files their answers under. Pure.
+
+An answer is reusable only when the engine would give the same one again: a non-streamed request with
+`temperature` 0 and a single choice (`n` absent or 1). Anything else is served by a replica and never
+cached; the reason is counted (`Bypass`). A client's `Cache-Control: no-store` keeps its request out
+of the cache both ways; `no-cache` skips the lookup but lets the fresh answer be kept.
+
+Keys never hold a client's text. The exact key is the SHA-256 of the request in a canonical form
+(sorted keys, minus the fields that do not change the answer: `stream`, `stream_options`, `user`,
+`cache_salt`, `priority`, `request_id`). For the semantic tier the request splits into its query
+(the last user message's text of a chat; a completion's text prompt) and its context (everything
+else, hashed): answers are reused across queries alike in meaning only under the same context, so a
+different system prompt, history or sampling setting never borrows an answer. Tenant, model and epoch
+are the caller's part of every key (`result_cache.py`): an epoch bump moves a tenant's model to a
+fresh namespace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+from warmplane.services.gateway.openai_request import ClientRequest
+
+Bypass = Literal["streaming", "sampling", "choices", "no_store"]
+_IGNORED = frozenset({"stream", "stream_options", "user", "cache_salt", "priority", "request_id"})
+_canonical = msgspec.json.Encoder(order="sorted")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheQuery:
+    exact: str
+    """Hex SHA-256 of the canonical request."""
+    context: bytes
+    """SHA-256 of the canonical request without its query text."""
+    text: str | None
+    """The query compared by meaning; None when the request has none (token ids): exact tier only."""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDirective:
+    """What `Cache-Control` allows: look the answer up, and keep a fresh answer."""
+
+    lookup: bool
+    keep: bool
+
+
+def directive(cache_control: str) -> CacheDirective:
+    """The client's `Cache-Control` request header, as far as a result cache reads it."""
+    tokens = {token.strip().split("=", 1)[0].lower() for token in cache_control.split(",")}
+    if "no-store" in tokens:
+        return CacheDirective(lookup=False, keep=False)
+    return CacheDirective(lookup="no-cache" not in tokens, keep=True)
+
+
+def bypass_reason(request: ClientRequest, wanted: CacheDirective) -> Bypass | None:
+    """Why the cache must not answer `request` (None: it may)."""
+    if not wanted.keep:
+        return "no_store"
+    if request.stream:
+        return "streaming"
+    body = request.body
+    if body.get("n") not in (None, 1):
+        return "choices"
+    temperature = body.get("temperature")
+    if isinstance(temperature, bool) or temperature not in (0, 0.0):
+        return "sampling"
+    return None
+
+
+def cache_query(request: ClientRequest) -> CacheQuery:
+    """The keys of a request `bypass_reason` let through."""
+    body = {key: value for key, value in request.body.items() if key not in _IGNORED}
+    exact = hashlib.sha256(_canonical.encode(body)).hexdigest()
+    text, context = _split_query(request.kind, body)
+    digest = hashlib.sha256(_canonical.encode(context)).digest()
+    return CacheQuery(exact, digest, text)
+
+
+def _split_query(kind: str, body: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """(query text, the body with the query taken out), or (None, body) when there is no text query."""
+    if kind == "completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return prompt, {**body, "prompt": None}
+        return None, body
+    messages: list[Any] = body["messages"]
+    last = messages[-1]
+    text = _text_of(last.get("content")) if last.get("role") == "user" else None
+    if text is None:
+        return None, body
+    return text, {**body, "messages": [*messages[:-1], {**last, "content": None}]}
+
+
+def _text_of(content: object) -> str | None:
+    """A message's text: a string, or the text parts of a list (None if it has any other part)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        return None
+    texts: list[str] = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            return None
+        texts.append(part["text"])
+    return "\n".join(texts)

@@ -1,0 +1,133 @@
+"""Where the result cache keeps things: answers in Redis, the semantic tier's query vectors in Postgres.
+
+`AnswerStore` holds answers by key, each expiring on its own (Redis `SET ... PX`). `QueryIndex` finds,
+within one (tenant, model, epoch, vector space, request context), the stored query nearest to a
+vector (pgvector's cosine distance `<=>`, table `result_queries`, migration 0008) and names the answer
+it points to; rows past `expires_at` are never returned and are deleted by `sweep`. Both raise what
+their client raises (`redis.RedisError`, `OSError`, `asyncpg.PostgresError`, `TimeoutError`): the
+caller decides that a failing store is a miss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import asyncpg
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from warmplane.shared.settings import RedisSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """Answers are only ever shared inside one of these."""
+
+    tenant: str
+    model: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueryScope:
+    """The queries one query may be compared with: same namespace, vector space and request context."""
+
+    namespace: Namespace
+    space: str
+    context: bytes
+
+    def parameters(self) -> tuple[str, str, int, str, bytes]:
+        namespace = self.namespace
+        return namespace.tenant, namespace.model, namespace.epoch, self.space, self.context
+
+
+class AnswerStore(Protocol):
+    async def get(self, key: str) -> bytes | None: ...
+
+    async def put(self, key: str, answer: bytes, ttl_s: float) -> None: ...
+
+
+class QueryIndex(Protocol):
+    async def nearest(self, scope: QueryScope, vector: list[float]) -> tuple[str, float] | None:
+        """(answer key, cosine similarity) of the nearest live query, or None when there is none."""
+        ...
+
+    async def add(self, scope: QueryScope, vector: list[float], key: str, ttl_s: float) -> None: ...
+
+    async def sweep(self, limit: int) -> int:
+        """Delete at most `limit` expired rows; how many were deleted."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ResultStores:
+    answers: AnswerStore
+    index: QueryIndex | None
+    """None when the semantic tier is off."""
+
+
+def redis_client(settings: RedisSettings) -> aioredis.Redis:
+    """A client that fails fast: every call bounded by `socket_timeout_s`, never retried (redis-py
+    retries three times with seconds of backoff by default; for a cache a miss is cheaper)."""
+    return aioredis.Redis.from_url(
+        settings.url.get_secret_value(),
+        socket_timeout=settings.socket_timeout_s,
+        socket_connect_timeout=settings.socket_timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+class RedisAnswers:
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._client = client
+
+    async def get(self, key: str) -> bytes | None:
+        answer: bytes | None = await self._client.get(key)
+        return answer
+
+    async def put(self, key: str, answer: bytes, ttl_s: float) -> None:
+        await self._client.set(key, answer, px=max(int(ttl_s * 1000), 1))
+
+
+_NEAREST = """
+SELECT answer_key, 1 - (embedding <=> $6::text::vector) AS similarity
+FROM result_queries
+WHERE tenant = $1 AND model = $2 AND epoch = $3 AND space = $4 AND context = $5 AND expires_at > now()
+ORDER BY embedding <=> $6::text::vector
+LIMIT 1
+"""
+_ADD = """
+INSERT INTO result_queries (tenant, model, epoch, space, context, embedding, answer_key, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6::text::vector, $7, now() + make_interval(secs => $8))
+"""
+_SWEEP = """
+DELETE FROM result_queries WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM result_queries WHERE expires_at <= now() LIMIT $1
+))
+"""
+
+
+class PgQueryIndex:
+    """Exact nearest-neighbour search over the rows of one namespace and context (a btree narrows
+    them first): no approximate index, so a semantic hit is never missed for recall's sake."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def nearest(self, scope: QueryScope, vector: list[float]) -> tuple[str, float] | None:
+        row = await self._pool.fetchrow(_NEAREST, *scope.parameters(), _literal(vector))
+        return None if row is None else (row["answer_key"], float(row["similarity"]))
+
+    async def add(self, scope: QueryScope, vector: list[float], key: str, ttl_s: float) -> None:
+        await self._pool.execute(_ADD, *scope.parameters(), _literal(vector), key, ttl_s)
+
+    async def sweep(self, limit: int) -> int:
+        status: str = await self._pool.execute(_SWEEP, limit)
+        return int(status.rsplit(" ", 1)[1])
+
+
+def _literal(vector: list[float]) -> str:
+    """pgvector's text form, `[x,y,...]`."""
+    return "[" + ",".join(map(repr, vector)) + "]"

@@ -1,0 +1,118 @@
+"""The gateway's result cache on real parts: a vLLM engine (CPU), Redis, Postgres with pgvector, the broker.
+
+A repeated greedy request is answered from the cache with the engine's own bytes and never reaches the
+engine; another tenant, a bumped epoch, a sampled or streamed request all go to the engine.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import SecretStr
+
+from tests.integration.gateway_harness import (
+    TIMEOUT,
+    chat_body,
+    gateway_settings,
+    kafka_settings,
+    vllm_requests,
+)
+from tests.integration.planner_harness import poll_until
+from warmplane.services.gateway.service import Gateway
+from warmplane.services.gateway.settings import ResultCacheSettings, StaticReplica
+from warmplane.shared.embedded import EmbeddedKafka, EmbeddedRedis
+from warmplane.shared.embedded.vllm_engine import EmbeddedVllm
+from warmplane.shared.settings import PostgresSettings, RedisSettings
+
+
+def headers(key: str, **extra: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}", **extra}
+
+
+async def engine_served(engine: EmbeddedVllm, count: float) -> None:
+    async def reached() -> bool:
+        return await vllm_requests(engine) == count
+
+    await poll_until(reached, timeout_s=10, what=f"the engine to have served {count} requests")
+
+
+async def test_a_repeated_greedy_request_is_answered_from_the_cache_in_its_tenant_and_epoch_only(
+    embedded_kafka: EmbeddedKafka,
+    embedded_redis: EmbeddedRedis,
+    migrated_database: str,
+    vllm_engine: EmbeddedVllm,
+) -> None:
+    settings, keys = gateway_settings(kafka_settings(embedded_kafka.bootstrap_servers), uuid.uuid4().hex[:8])
+    model = vllm_engine.model_name
+    settings = settings.model_copy(
+        update={
+            "static_replicas": [StaticReplica(replica="r0", url=vllm_engine.base_url, model=model)],
+            "redis": RedisSettings(url=SecretStr(embedded_redis.url)),
+            "postgres": PostgresSettings(url=SecretStr(migrated_database)),
+            "result_cache": ResultCacheSettings(enabled=True, semantic=True, lookup_timeout_s=2),
+        }
+    )
+    rng = random.Random(uuid.uuid4().int)
+    body = chat_body(rng, model)
+    acme, globex = headers(keys["acme"]), headers(keys["globex"])
+    before = await vllm_requests(vllm_engine)
+    async with (
+        Gateway(settings) as gateway,
+        httpx.AsyncClient(base_url=gateway.url, timeout=TIMEOUT) as client,
+    ):
+        first = await client.post("/v1/chat/completions", json=body, headers=acme)
+        assert (first.status_code, first.headers["x-warmplane-cache"]) == (200, "miss")
+        await engine_served(vllm_engine, before + 1)
+        assert gateway.parts is not None and gateway.parts.results is not None
+        await gateway.parts.results.drain(5)
+
+        again = await client.post("/v1/chat/completions", json=body, headers=acme)
+        assert (again.status_code, again.headers["x-warmplane-cache"]) == (200, "exact")
+        assert again.content == first.content
+        assert "x-warmplane-replica" not in again.headers
+
+        reasked = {**body, "messages": [*body["messages"][:-1], _shouted(body["messages"][-1])]}
+        alike = await client.post("/v1/chat/completions", json=reasked, headers=acme)
+        assert (alike.headers["x-warmplane-cache"], alike.content) == ("semantic", first.content)
+
+        # Each of these reaches the engine: one more request served apiece.
+        to_engine: list[tuple[dict[str, Any], dict[str, str]]] = [
+            (body, globex),
+            ({**body, "temperature": 0.8}, acme),
+            (body, headers(keys["acme"], **{"cache-control": "no-cache"})),
+        ]
+        for i, (sent, with_headers) in enumerate(to_engine, start=2):
+            response = await client.post("/v1/chat/completions", json=sent, headers=with_headers)
+            assert response.status_code == 200
+            assert response.headers.get("x-warmplane-cache") == (None if sent is not body else "miss")
+            await engine_served(vllm_engine, before + i)
+
+        gateway.parts.epochs.bump("acme", model, 1)
+        bumped = await client.post("/v1/chat/completions", json=body, headers=acme)
+        assert bumped.headers["x-warmplane-cache"] == "miss"
+        await engine_served(vllm_engine, before + 5)
+
+        metrics = (await client.get("/metrics")).text
+    assert _sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="exact") == 1
+    assert _sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="semantic") == 1
+    assert _sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="miss") == 2
+    assert _sample(metrics, "warmplane_gateway_result_bypass_total", tenant="acme", reason="sampling") == 1
+
+
+def _shouted(message: dict[str, Any]) -> dict[str, Any]:
+    """The same question in capitals without its full stop: alike in the embedding, not in the key."""
+    return {**message, "content": message["content"].upper().rstrip(".")}
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels`, from Prometheus text."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )

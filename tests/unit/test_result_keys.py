@@ -1,0 +1,133 @@
+"""Which requests the result cache may answer, the keys it files them under, and the query embedding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from warmplane.services.gateway.openai_request import ClientRequest, Kind, decode
+from warmplane.services.gateway.result_cache import answer_key
+from warmplane.services.gateway.result_keys import bypass_reason, cache_query, directive
+from warmplane.services.gateway.result_stores import Namespace
+from warmplane.services.gateway.text_embedding import NgramEmbedder, cosine
+
+GREEDY = {"model": "m", "temperature": 0}
+
+
+def request(kind: Kind = "chat", **body: Any) -> ClientRequest:
+    if kind == "chat":
+        body.setdefault(
+            "messages", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+        )
+    return decode(msgspec.json.encode({**GREEDY, **body}), kind)
+
+
+@pytest.mark.parametrize(
+    ("control", "lookup", "keep"),
+    [
+        ("", True, True),
+        ("no-cache", False, True),
+        ("max-age=0, No-Store", False, False),
+        ("private", True, True),
+    ],
+)
+def test_cache_control_is_read_as_a_result_cache_reads_it(control: str, lookup: bool, keep: bool) -> None:
+    wanted = directive(control)
+    assert (wanted.lookup, wanted.keep) == (lookup, keep)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({}, None),
+        ({"temperature": 0.0, "n": 1}, None),
+        ({"temperature": 0.2}, "sampling"),
+        ({"temperature": None}, "sampling"),
+        ({"temperature": False}, "sampling"),
+        ({"n": 3}, "choices"),
+        ({"stream": True}, "streaming"),
+    ],
+)
+def test_only_a_greedy_single_answer_unstreamed_request_is_cacheable(
+    body: dict[str, Any], reason: str | None
+) -> None:
+    assert bypass_reason(request(**body), directive("")) == reason
+    assert bypass_reason(request(**body), directive("no-store")) == "no_store"
+
+
+def test_a_request_without_a_temperature_is_sampled_by_the_engine_so_it_is_not_cached() -> None:
+    body = msgspec.json.encode({"model": "m", "prompt": "Once upon a time"})
+    assert bypass_reason(decode(body, "completions"), directive("")) == "sampling"
+
+
+def test_fields_that_do_not_change_the_answer_do_not_change_the_key() -> None:
+    plain = cache_query(request())
+    decorated = cache_query(request(user="u-1", priority=-5, cache_salt="mine", request_id="r", stream=False))
+    assert decorated == plain
+    assert cache_query(request(max_tokens=9)).exact != plain.exact
+    assert cache_query(request(model="other")).exact != plain.exact
+
+
+def test_the_query_is_the_last_user_message_and_the_context_everything_else() -> None:
+    base = [{"role": "system", "content": "Be brief."}]
+    one = cache_query(request(messages=[*base, {"role": "user", "content": "What is 2+2?"}]))
+    two = cache_query(request(messages=[*base, {"role": "user", "content": "What's 2 + 2"}]))
+    parts = [{"type": "text", "text": "What is"}, {"type": "text", "text": "2+2?"}]
+    three = cache_query(request(messages=[*base, {"role": "user", "content": parts}]))
+    assert (one.text, two.text, three.text) == ("What is 2+2?", "What's 2 + 2", "What is\n2+2?")
+    assert one.context == two.context == three.context
+    assert one.exact != two.exact
+    other_system = cache_query(
+        request(messages=[{"role": "system", "content": "Be verbose."}, *user("What is 2+2?")])
+    )
+    assert other_system.context != one.context
+
+
+def user(content: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": content}]
+
+
+def test_a_request_with_no_text_query_is_matched_exactly_only() -> None:
+    assistant_last = request(messages=[*user("What is 2+2?"), {"role": "assistant", "content": "4"}])
+    image = request(
+        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    )
+    tokens = request("completions", prompt=[1, 2, 3])
+    assert [cache_query(r).text for r in (assistant_last, image, tokens)] == [None, None, None]
+    text = cache_query(request("completions", prompt="Once upon a time"))
+    assert text.text == "Once upon a time"
+    assert text.context == cache_query(request("completions", prompt="Twice upon a time")).context
+
+
+def test_answer_keys_separate_tenants_models_and_epochs_whatever_their_names_hold() -> None:
+    keys = {
+        answer_key(Namespace("a:b", "c", 1), "k"),
+        answer_key(Namespace("a", "b:c", 1), "k"),
+        answer_key(Namespace("a", "b:c", 2), "k"),
+        answer_key(Namespace("a", "b:c", 2), "j"),
+    }
+    assert len(keys) == 4
+    assert all(key.startswith("warmplane:results:v1:") for key in keys)
+
+
+def test_the_embedding_ignores_case_punctuation_and_spacing_and_tells_texts_apart() -> None:
+    embed = NgramEmbedder().embed
+    same = cosine(embed("How do I reset my password?"), embed("how do   I reset my password"))
+    assert same == pytest.approx(1.0)
+    alike = cosine(embed("What is the capital of France?"), embed("what's the capital of france"))
+    apart = cosine(embed("What is the capital of France?"), embed("Explain how photosynthesis works."))
+    assert alike > 0.85
+    assert apart < 0.3
+    assert embed("?!") == [0.0] * 256
+
+
+@given(st.text(min_size=1, max_size=200))
+def test_every_embedding_has_unit_length_or_is_empty(text: str) -> None:
+    vector = NgramEmbedder(dimensions=64).embed(text)
+    length = sum(value * value for value in vector)
+    assert length == pytest.approx(1.0) or length == 0.0
+    assert NgramEmbedder(dimensions=64, memory=1).embed(text) == vector
