@@ -40,6 +40,7 @@ bench: $(BIN)/warmplane vllm
 	$(BIN)/python -m bench.emitter_bench
 	$(BIN)/python -m bench.warm_bench
 	$(BIN)/python -m bench.gateway_bench --router $(BIN)/vllm-router
+	$(BIN)/python -m bench.result_cache_bench
 
 # vLLM (CPU build) in its own virtualenv, plus the tiny model the tests serve; both skip work already done.
 VLLM_VENV  ?= $(or $(WARMPLANE_VLLM_VENV),.venv-vllm)

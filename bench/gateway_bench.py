@@ -46,7 +46,9 @@ def _answers(url: str, path: str, headers: dict[str, str]) -> bool:
 
 
 @contextmanager
-def gateway_process(workdir: Path, engine: EmbeddedVllm, kafka: EmbeddedKafka) -> Iterator[str]:
+def gateway_process(
+    workdir: Path, engine: EmbeddedVllm, kafka: EmbeddedKafka, *, extra_env: dict[str, str] | None = None
+) -> Iterator[str]:
     port = free_port()
     replica = {"replica": "r0", "url": engine.base_url, "model": engine.model_name}
     env = {
@@ -59,6 +61,7 @@ def gateway_process(workdir: Path, engine: EmbeddedVllm, kafka: EmbeddedKafka) -
         "WARMPLANE_GATEWAY__HTTP_PORT": str(port),
         "WARMPLANE_GATEWAY__BLOCK_SIZE": str(BLOCK_SIZE),
         "WARMPLANE_LOG_LEVEL": "WARNING",
+        **(extra_env or {}),
     }
     argv = [sys.executable, "-m", "warmplane.services.gateway"]
     proc = start_process(argv, workdir / "gateway.log", env=env)

@@ -1,0 +1,99 @@
+"""What the gateway's result cache saves: a request answered by the engine against the same request
+answered from the cache (exact tier) and an alike one (semantic tier), through the same gateway, in
+one run. Run from the project root:
+
+    python -m bench.result_cache_bench [--requests 200] [--max-tokens 16]
+
+It starts the embedded vLLM (CPU build, tiny model, one core), the broker, Redis and Postgres (migrated:
+the semantic tier's `result_queries`), and the gateway as its own process with
+`WARMPLANE_RESULT_CACHE__ENABLED` and `__SEMANTIC` on. Each round sends three greedy chat requests, in
+turn: `engine` (a fresh question: `Cache-Control: no-cache` skips the lookup, so the engine answers,
+its prompt prefix cached after the first round), `exact` (a question asked before: answered from Redis),
+`semantic` (a question asked before, in capitals and without its question mark: a different exact
+key, answered through the pgvector search). Reported: each kind's p50 and p90 in ms, and the engine's
+p50 over each hit kind's. All processes share this machine's cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+
+from bench.gateway_bench import KEY, gateway_process
+from warmplane.shared import migrate
+from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedRedis
+from warmplane.shared.embedded.vllm_engine import EmbeddedVllm, ensure_tiny_model
+
+SYSTEM = "You are a helpful assistant for a travel company. Answer in one short sentence. " * 8
+
+
+def body(model: str, question: str, max_tokens: int) -> dict[str, object]:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    return {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+
+
+def timed(client: httpx.Client, payload: dict[str, object], expect: str, **headers: str) -> float:
+    started = time.perf_counter()
+    response = client.post("/v1/chat/completions", json=payload, headers=headers)
+    took = (time.perf_counter() - started) * 1000
+    response.raise_for_status()
+    if response.headers.get("x-warmplane-cache") != expect:
+        raise RuntimeError(f"expected {expect}, the gateway said {response.headers.get('x-warmplane-cache')}")
+    return took
+
+
+def rounds(url: str, model: str, requests: int, max_tokens: int) -> dict[str, list[float]]:
+    """Milliseconds per kind; the question of round i is new in round i, so nothing is found by chance."""
+    samples: dict[str, list[float]] = {"engine": [], "exact": [], "semantic": []}
+    with httpx.Client(base_url=url, headers={"authorization": f"Bearer {KEY}"}, timeout=120) as client:
+        for i in range(requests):
+            question = f"Which trains run from station {i} to the airport before nine in the morning?"
+            asked = body(model, question, max_tokens)
+            samples["engine"].append(timed(client, asked, "miss", **{"cache-control": "no-cache"}))
+            samples["exact"].append(timed(client, asked, "exact"))
+            alike = body(model, question.upper().rstrip("?"), max_tokens)
+            samples["semantic"].append(timed(client, alike, "semantic"))
+    return samples
+
+
+def report(samples: dict[str, list[float]]) -> None:
+    engine = statistics.median(samples["engine"])
+    print(f"\nGreedy chat requests through the gateway (ms, {len(samples['engine'])} each)")
+    print(f"{'answered by':<12}{'p50':>9}{'p90':>9}{'engine p50 / p50':>18}")
+    for name, values in samples.items():
+        p50 = statistics.median(values)
+        print(f"{name:<12}{p50:>9.2f}{statistics.quantiles(values, n=10)[-1]:>9.2f}{engine / p50:>18.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="warmplane-result-bench-") as folder, ExitStack() as stack:
+        workdir = Path(folder)
+        engine = stack.enter_context(EmbeddedVllm(workdir / "vllm", ensure_tiny_model(), omp_threads_bind=0))
+        kafka = stack.enter_context(EmbeddedKafka(workdir / "kafka"))
+        redis = stack.enter_context(EmbeddedRedis(workdir / "redis"))
+        postgres = stack.enter_context(EmbeddedPostgres(workdir / "postgres"))
+        migrate.upgrade(postgres.sqlalchemy_url)
+        cache = {
+            "WARMPLANE_RESULT_CACHE__ENABLED": "true",
+            "WARMPLANE_RESULT_CACHE__SEMANTIC": "true",
+            "WARMPLANE_REDIS__URL": redis.url,
+            "WARMPLANE_POSTGRES__URL": postgres.asyncpg_dsn,
+        }
+        url = stack.enter_context(gateway_process(workdir, engine, kafka, extra_env=cache))
+        report(rounds(url, engine.model_name, args.requests, args.max_tokens))
+
+
+if __name__ == "__main__":
+    main()
