@@ -41,6 +41,9 @@ def upgrade() -> None:
     )
     op.execute("CREATE INDEX result_queries_scope ON result_queries (tenant, model, epoch, space, context)")
     op.execute("CREATE INDEX result_queries_expiry ON result_queries (expires_at)")
+    # One row per answer and vector space: the same answer kept twice (two misses in flight, a
+    # `no-cache` refresh) renews its row rather than adding one.
+    op.execute("CREATE UNIQUE INDEX result_queries_answer ON result_queries (answer_key, space)")
 
 
 def downgrade() -> None:

@@ -75,6 +75,7 @@ class ResultCache:
         self._embedder = embedder
         self._metrics = metrics
         self._pending: set[asyncio.Task[None]] = set()
+        self._failing = False  # logged once when the stores start failing, once when they recover
 
     async def lookup(
         self, request: ClientRequest, tenant: str, epoch: int, cache_control: str
@@ -97,7 +98,9 @@ class ResultCache:
                 found.hit = await self._find(found)
         except _STORE_ERRORS as exc:
             outcome = "error"
-            log.warning("result cache lookup failed (%s): served by a replica", type(exc).__name__)
+            self._note_failure(exc)
+        else:
+            self._note_success()
         if found.hit is not None:
             outcome = found.hit.tier
             found.keep = False
@@ -158,9 +161,21 @@ class ResultCache:
                 await self._index.add(self._scope(found), vector, found.key, ttl_s)
         except _STORE_ERRORS as exc:
             self._metrics.result_keeps.labels(model, "error").inc()
-            log.warning("an answer was not kept (%s)", type(exc).__name__)
+            self._note_failure(exc)
             return
         self._metrics.result_keeps.labels(model, "kept").inc()
+
+    def _note_failure(self, exc: BaseException) -> None:
+        if not self._failing:
+            self._failing = True
+            log.warning(
+                "the result cache's stores are failing (%s): requests go to replicas", type(exc).__name__
+            )
+
+    def _note_success(self) -> None:
+        if self._failing:
+            self._failing = False
+            log.info("the result cache's stores answer again")
 
     async def sweep(self, limit: int = 10_000) -> int:
         """Delete expired query vectors (Redis expires answers by itself); how many were deleted."""

@@ -3,9 +3,10 @@
 `AnswerStore` holds answers by key, each expiring on its own (Redis `SET ... PX`). `QueryIndex` finds,
 within one (tenant, model, epoch, vector space, request context), the stored query nearest to a
 vector (pgvector's cosine distance `<=>`, table `result_queries`, migration 0008) and names the answer
-it points to; rows past `expires_at` are never returned and are deleted by `sweep`. Both raise what
-their client raises (`redis.RedisError`, `OSError`, `asyncpg.PostgresError`, `TimeoutError`): the
-caller decides that a failing store is a miss.
+it points to. It keeps one row per answer and vector space (an answer kept again renews its row);
+rows past `expires_at` are never returned and are deleted by `sweep`. Both raise what their client
+raises (`redis.RedisError`, `OSError`, `asyncpg.PostgresError`, `TimeoutError`): the caller decides
+that a failing store is a miss.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ LIMIT 1
 _ADD = """
 INSERT INTO result_queries (tenant, model, epoch, space, context, embedding, answer_key, expires_at)
 VALUES ($1, $2, $3, $4, $5, $6::text::vector, $7, now() + make_interval(secs => $8))
+ON CONFLICT (answer_key, space) DO UPDATE SET expires_at = excluded.expires_at
 """
 _SWEEP = """
 DELETE FROM result_queries WHERE ctid = ANY (ARRAY(

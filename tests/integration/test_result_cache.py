@@ -150,6 +150,8 @@ async def test_requests_the_engine_would_answer_differently_stay_out(
     await results.drain(5)
     found = await results.lookup(chat("Name a river."), tenant, 0, "")
     assert found is not None and found.hit is not None and found.hit.answer == answer("The Loire.")
+    rows = "SELECT count(*) FROM result_queries WHERE tenant = $1"
+    assert await pool.fetchval(rows, tenant) == 1  # the refreshed answer renewed its row
 
 
 async def test_answers_expire_and_their_vectors_are_swept(
