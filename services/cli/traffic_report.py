@@ -74,7 +74,7 @@ def _read(report: TrafficReport) -> list[str]:
         f"Exported as a Mooncake trace of {report.params.block_tokens}-token blocks, partial blocks"
         f" {partial}:"
         f" {len(trace.records):,} requests, {sum(len(r.hash_ids) for r in trace.records):,} blocks,"
-        f" {trace.blockless:,} requests without a full block left out.",
+        f" {_count(trace.blockless, 'request')} without a full block left out.",
         "",
     ]
 
@@ -94,8 +94,8 @@ def _penalty(figures: TrafficFigures) -> list[str]:
         _group_row("some cached tokens", penalty.warm),
         "",
         f"Cold over cached: median {_times(penalty.median_ratio)}, p90 {_times(penalty.p90_ratio)};"
-        f" {penalty.without_ttft:,} requests without a TTFT left out. Quantiles by nearest rank; compare"
-        " the prompt sizes before reading the ratio as the cache's alone.",
+        f" {_count(penalty.without_ttft, 'request')} without a TTFT left out. Quantiles by nearest rank;"
+        " compare the prompt sizes before reading the ratio as the cache's alone.",
         "",
     ]
 
@@ -105,6 +105,10 @@ def _group_row(name: str, group: TtftGroup) -> str:
         f"| {name} | {group.requests:,} | {_number(group.median_ms)} | {_number(group.p90_ms)}"
         f" | {_number(group.median_prompt_tokens)} |"
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _number(value: float | None) -> str:
@@ -165,8 +169,8 @@ def _tiers(report: TrafficReport) -> list[str]:
         "|---|---|",
         "| weights | not in request events (replica lifecycle: the time from started to weights loaded) |",
         f"| KV prefixes | {_kv_tier(report.result)} |",
-        f"| result cache | {figures.exact_repeats:,} exact repeats ({repeats:.1%} of requests: same whole"
-        " chain and prompt size as an earlier one), an upper bound of its hits |",
+        f"| result cache | {_count(figures.exact_repeats, 'exact repeat')} ({repeats:.1%} of requests:"
+        " same whole chain and prompt size as an earlier one), an upper bound of its hits |",
         "",
     ]
 
@@ -174,6 +178,8 @@ def _tiers(report: TrafficReport) -> list[str]:
 def _kv_tier(result: TraceResult | None) -> str:
     if result is None:
         return "nothing to simulate"
+    if not result.new_requests:
+        return "the joining replica takes no request after the join: too little traffic to tell"
     ours, none = result.by_policy("warmplane"), result.by_policy("none")
     return (
         f"warming the joining replica lifts its first-minute hit ratio from {none.hit_1m:.3f} to"

@@ -62,7 +62,8 @@ def setting(result: TraceResult) -> str:
     return (
         f"{result.requests:,} requests; join at {result.join_t:.0f} s;"
         f" routing depth {result.routing_depth};"
-        f" the newcomer takes {result.new_requests:,} requests after the join, most from {result.donor};"
+        f" the newcomer takes {result.new_requests:,} requests after the join, most from"
+        f" {result.donor or 'no one'};"
         f" its steady hit ratio (unwarmed, from 5 min after the join) {result.steady:.3f}"
     )
 
