@@ -144,6 +144,8 @@ def _evaluate_traffic(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         since = et.parse_time(args.since, now) if args.since else None
         until = et.parse_time(args.until, now) if args.until else None
+        if args.block_tokens <= 0:
+            raise ValueError("--block-tokens must be positive")
         capacity = args.capacity_blocks or et.DEFAULT_CAPACITY_TOKENS // args.block_tokens
         params = EvalParams(args.block_tokens, args.replicas, capacity, join_at=args.join_at)
     except ValueError as exc:

@@ -70,7 +70,8 @@ class TrafficFilter:
 
 def select(events: Iterable[RequestObserved], traffic: TrafficFilter) -> list[RequestObserved]:
     """The events `traffic` admits, in arrival order (`occurred_at`; a stable sort, so events of equal
-    time keep the order they were given in, which for one partition is the order they were sent)."""
+    time keep the order they were given in: `request_topic` gives (partition, offset) order, which for
+    one partition is the order they were sent, and across partitions is arbitrary but fixed)."""
     return sorted((event for event in events if traffic.admits(event)), key=lambda event: event.occurred_at)
 
 

@@ -2,6 +2,10 @@
 (nothing is committed, no planner's offsets move): the recorded traffic `warmplane evaluate-traffic`
 exports. The thin Kafka adapter of `own_trace`, which does the rest without I/O.
 
+Requests come back in (partition, offset) order, so that an export is a function of the topic's content:
+the order in which partitions' fetches arrive is not, and events of the same instant on different
+partitions keep this order through `own_trace.select`'s stable sort.
+
 The end is each partition's end offset when the read starts; events that arrive meanwhile may be read
 too when they share a fetched batch (Tansu, the embedded broker, answers the end offset with the last
 batch's base offset + 1, so the read goes on to the end of that batch: see `shared/consumer_lag.py`).
@@ -12,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from warmplane.shared.codec import DecodeFailure, EventCodec
 from warmplane.shared.events import RequestObserved
@@ -86,24 +90,34 @@ async def _read_to(
 ) -> None:
     """Fetch until every partition's position reaches its end in `ends`, keeping what `_keep` keeps."""
     pending = {tp for tp, end in ends.items() if end > 0}
+    by_partition: dict[int, list[RequestObserved]] = {}
     while pending:
-        for batch in (await consumer.getmany(*pending, timeout_ms=_FETCH_MS)).values():
+        for tp, batch in (await consumer.getmany(*pending, timeout_ms=_FETCH_MS)).items():
+            kept = by_partition.setdefault(tp.partition, [])
             for record in batch:
-                _keep(log, codec, record.key, record.value, key_prefix)
+                _keep(log, kept, codec, record, key_prefix)
         # Positions, not records: a fetch can move past offsets that hold no record for us (control
         # batches), and the end offset is a bound, not a count.
         pending = {tp for tp in pending if await consumer.position(tp) < ends[tp]}
+    for partition in sorted(by_partition):
+        log.requests += by_partition[partition]
 
 
-def _keep(log: RequestLog, codec: EventCodec, key: bytes | None, value: bytes | None, prefix: bytes) -> None:
+def _keep(
+    log: RequestLog,
+    kept: list[RequestObserved],
+    codec: EventCodec,
+    record: ConsumerRecord[bytes, bytes],
+    prefix: bytes,
+) -> None:
     log.records += 1
-    if prefix and not (key or b"").startswith(prefix):
+    if prefix and not (record.key or b"").startswith(prefix):
         log.skipped_by_key += 1
         return
-    event = codec.decode(value)
+    event = codec.decode(record.value)
     if isinstance(event, DecodeFailure):
         log.undecodable += 1
     elif isinstance(event, RequestObserved):
-        log.requests.append(event)
+        kept.append(event)
     else:
         log.other_events += 1
