@@ -50,10 +50,14 @@ def read_trace(path: Path, limit: int | None = None) -> Iterator[TraceRequest]:
                 yield request
 
 
-def cumulative_tokens(request: TraceRequest, block_tokens: int) -> list[int]:
-    """Tokens up to each block of the chain; the last block holds what remains of the input (scaled by
-    `block_tokens / TRACE_BLOCK_TOKENS` for a replay with smaller blocks)."""
-    input_tokens = max(request.input_length * block_tokens // TRACE_BLOCK_TOKENS, 1)
+def cumulative_tokens(
+    request: TraceRequest, block_tokens: int, trace_block_tokens: int = TRACE_BLOCK_TOKENS
+) -> list[int]:
+    """Tokens up to each block of the chain; the last block holds what remains of the input. The input
+    is scaled by `block_tokens / trace_block_tokens`: a replay with blocks smaller than the published
+    traces' 512 shrinks lengths with them, and a trace recorded with `block_tokens` (Warmplane's own
+    exports) is taken as it is."""
+    input_tokens = max(request.input_length * block_tokens // trace_block_tokens, 1)
     return [min(block_tokens * (i + 1), input_tokens) for i in range(len(request.hash_ids))]
 
 

@@ -7,6 +7,7 @@ warmplane warmer                          run one node's warmer from WARMPLANE_*
 warmplane gateway                         run the OpenAI-compatible gateway from WARMPLANE_* settings
 warmplane api                             run the query API from WARMPLANE_* settings
 warmplane replay TRACE --tenant T --model M   publish a recorded trace as request events
+warmplane evaluate-traffic --tenant T --model M [--since 2h]   what warming would buy on recorded traffic
 
 Over the API (WARMPLANE_API_URL, WARMPLANE_API_TOKEN; `--json` for scripts):
 warmplane replicas | replica R | plans | epochs | misses | traffic | warm-sets --model M
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--revision", default="", help="the model's weights revision")
     replay.add_argument("--limit", type=int, default=None, help="only the first N requests")
     replay.add_argument("--block-tokens", type=int, default=512, help="tokens per hash id (512: Mooncake)")
+    _add_evaluate_traffic(commands)
     api_commands.add_commands(commands)
     args = parser.parse_args(argv)
 
@@ -76,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "replay":
         return _replay(args)
+    if args.command == "evaluate-traffic":
+        return _evaluate_traffic(args, argv if argv is not None else sys.argv[1:])
     if args.command in api_commands.HANDLERS:
         client = ApiClient(load_settings(ApiClientSettings))
         try:
@@ -99,6 +103,67 @@ def _replay(args: argparse.Namespace) -> int:
         return asyncio.run(replay(options, kafka, sys.stdout))
     except FileNotFoundError as exc:
         print(f"warmplane replay: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _add_evaluate_traffic(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    text = "what warming would buy on recorded request events (WARMPLANE_KAFKA__*), as Markdown"
+    p = commands.add_parser("evaluate-traffic", help=text, description=text)
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--model", required=True, help="the served model name the events carry")
+    p.add_argument("--revision", default=None, help="only this weights revision (default: any)")
+    p.add_argument("--since", help="ISO 8601 time with offset, or a duration back from now: 90s, 30m, 2h, 7d")
+    p.add_argument("--until", help="as --since; default: the end of the topic")
+    p.add_argument("--block-tokens", type=int, default=16, help="tokens per block (vLLM's default: 16)")
+    p.add_argument(
+        "--partial-blocks",
+        choices=("drop", "keep"),
+        default="drop",
+        help="a request's trailing tokens short of a block: drop (vLLM caches full blocks only) or keep"
+        " as a partial block (Mooncake's convention)",
+    )
+    p.add_argument("--replicas", type=int, default=4, help="simulated replicas before one joins")
+    p.add_argument("--capacity-blocks", type=int, help="a replica's KV capacity (default: 4,096,000 tokens)")
+    p.add_argument("--join-at", type=float, default=0.5, help="when the replica joins, share of the span")
+    p.add_argument("--output", type=Path, help="also write the report here")
+    p.add_argument("--trace-output", type=Path, help="write the exported Mooncake JSONL trace here")
+    p.add_argument("--deadline-s", type=float, default=300.0, help="give up reading the topic after this")
+
+
+def _evaluate_traffic(args: argparse.Namespace, argv: list[str]) -> int:
+    import shlex  # noqa: PLC0415 - see the imports above
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    from warmplane.services.cli import evaluate_traffic as et  # noqa: PLC0415
+    from warmplane.services.cli.own_trace import TrafficFilter  # noqa: PLC0415
+    from warmplane.services.planner.trace_eval.params import EvalParams  # noqa: PLC0415
+
+    now = datetime.now(UTC)
+    try:
+        since = et.parse_time(args.since, now) if args.since else None
+        until = et.parse_time(args.until, now) if args.until else None
+        if args.block_tokens <= 0:
+            raise ValueError("--block-tokens must be positive")
+        capacity = args.capacity_blocks or et.DEFAULT_CAPACITY_TOKENS // args.block_tokens
+        params = EvalParams(args.block_tokens, args.replicas, capacity, join_at=args.join_at)
+    except ValueError as exc:
+        print(f"warmplane evaluate-traffic: {exc}", file=sys.stderr)
+        return 2
+    options = et.TrafficOptions(
+        TrafficFilter(args.tenant, args.model, args.revision, since, until),
+        params,
+        args.partial_blocks,
+        args.output,
+        args.trace_output,
+        args.deadline_s,
+        shlex.join(["warmplane", *argv]),
+    )
+    try:
+        return asyncio.run(et.evaluate_traffic(options, load_settings(WarmplaneSettings).kafka, sys.stdout))
+    except (LookupError, TimeoutError) as exc:
+        print(f"warmplane evaluate-traffic: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

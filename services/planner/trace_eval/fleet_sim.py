@@ -1,4 +1,4 @@
-"""The fleet simulation behind `bench.evaluate_policy`: a Mooncake trace routed over a hash ring to replicas
+"""The fleet simulation behind the trace evaluator: a Mooncake trace routed over a hash ring to replicas
 that each hold an LRU cache of KV blocks, with one replica joining mid-trace.
 
 Model (and its limits): prefill is instantaneous, so a block is cached as soon as the request that computes
@@ -11,12 +11,12 @@ every policy sees the same requests on the same replicas.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from warmplane.shared.hash_ring import HashRing
-from warmplane.shared.mooncake_trace import cumulative_tokens, read_trace
+from warmplane.shared.mooncake_trace import TRACE_BLOCK_TOKENS, TraceRequest, cumulative_tokens, read_trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,16 +30,29 @@ class Request:
     key: int
 
 
-def load_requests(path: Path, block_tokens: int) -> list[Request]:
-    """The trace's requests in arrival order, keys still unset (the root: see `with_routing_depth`)."""
+def requests_from_trace(
+    records: Iterable[TraceRequest], block_tokens: int, trace_block_tokens: int = TRACE_BLOCK_TOKENS
+) -> list[Request]:
+    """The requests of `records` in arrival order (a stable sort: equal times keep their order), keys still
+    unset (the root: see `with_routing_depth`). `trace_block_tokens` is the block size the records'
+    `input_length` was recorded with; a `block_tokens` below it shrinks blocks and lengths alike (see
+    `cumulative_tokens`), equal to it takes them as they are."""
     requests = []
-    for record in read_trace(path):
-        cumulative = cumulative_tokens(record, block_tokens)
+    for record in records:
+        cumulative = cumulative_tokens(record, block_tokens, trace_block_tokens)
         own = [b - a for a, b in zip([0, *cumulative[:-1]], cumulative, strict=True)]
         chain = tuple(record.hash_ids)
         requests.append(Request(record.timestamp / 1000, chain, tuple(own), tuple(cumulative), chain[0]))
     requests.sort(key=lambda request: request.t)
     return requests
+
+
+def load_requests(
+    path: Path, block_tokens: int, trace_block_tokens: int = TRACE_BLOCK_TOKENS
+) -> list[Request]:
+    """The requests of the Mooncake trace at `path`: see `requests_from_trace`. Raises `ValueError`
+    naming a bad line."""
+    return requests_from_trace(read_trace(path), block_tokens, trace_block_tokens)
 
 
 def routing_key(chain: Sequence[int], depth: int) -> int:

@@ -1,0 +1,50 @@
+"""The trace evaluator's parameters, with the defaults `bench.evaluate_policy` and the CLI share."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EvalParams:
+    """How the fleet is simulated and how the planner's policy is tuned.
+
+    `block_tokens`: tokens per block (hash id); `capacity_blocks`: KV capacity of a replica in blocks;
+    `capacity_fraction`: the warm-set cap as a share of it (every policy but the seed replay is held to
+    it); `join_at`: when the newcomer joins, as a share of the trace's span; `routing_depth`: the chain
+    depth requests are routed by, None for automatic (see `fleet_sim.auto_routing_depth`); `load_window`
+    (s): requests counted as a replica's load by the ring's bounded-load pick; `half_life` (s),
+    `ramp_window` (s), `min_reuse` and `bucket_seconds`: the planner policy's knobs and statistics bucket.
+    """
+
+    block_tokens: int = 512
+    replicas: int = 4
+    capacity_blocks: int = 8000
+    capacity_fraction: float = 0.25
+    join_at: float = 0.5
+    routing_depth: int | None = None
+    load_factor: float = 1.25
+    load_window: float = 60.0
+    half_life: float = 60.0
+    ramp_window: float = 300.0
+    min_reuse: float = 0.3
+    bucket_seconds: int = 60
+
+    def __post_init__(self) -> None:
+        if self.block_tokens <= 0 or self.capacity_blocks <= 0 or self.replicas <= 0:
+            raise ValueError("block_tokens, capacity_blocks and replicas must be positive")
+        if not 0.0 <= self.join_at <= 1.0:
+            raise ValueError("join_at is a share of the trace's span, in [0, 1]")
+
+    @property
+    def limit_tokens(self) -> int:
+        """The warm-set cap in tokens."""
+        return int(self.capacity_blocks * self.block_tokens * self.capacity_fraction)
+
+    def describe(self) -> str:
+        """`name=value, ...` sorted by name, `routing_depth=auto` when automatic."""
+        values = {
+            **asdict(self),
+            "routing_depth": "auto" if self.routing_depth is None else self.routing_depth,
+        }
+        return ", ".join(f"{name}={value}" for name, value in sorted(values.items()))

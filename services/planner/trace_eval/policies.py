@@ -1,0 +1,150 @@
+"""The warm sets the evaluator compares for a replica joining mid-trace, each from what is known at the join.
+
+`none`; `seed-replay` (the last 500 distinct request chains seen fleet-wide, the seed's documents);
+`top-50` (the planner's simple policy: requests x tokens over the history, 50 items); `peer-copy` (the
+most recent blocks of the replica the newcomer takes most traffic from); `warmplane` (the planner's own
+path: the history bucketed as the planner stores it, then `policy.trie_from_counts` and
+`policy.choose_for_replica`). All but the seed replay are held to `EvalParams.limit_tokens`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from warmplane.services.planner.core.simple_plan import (
+    Candidate,
+    PrefixNode,
+    choose_warm_set,
+    requests_through,
+)
+from warmplane.services.planner.policy import (
+    LeafCount,
+    PolicyKnobs,
+    RingSpec,
+    StoredPrefix,
+    WarmBudget,
+    choose_for_replica,
+    trie_from_counts,
+)
+from warmplane.services.planner.trace_eval.fleet_sim import LruCache, Request
+from warmplane.services.planner.trace_eval.params import EvalParams
+from warmplane.shared.hash_ring import HashRing
+
+NEW = "new"
+"""The joining replica's name."""
+WarmBlocks = list[tuple[int, int]]
+"""Blocks to pre-fill, (id, own tokens), each after its parent."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything a policy may know at the join: history, rings, the newcomer's routing share, the limit."""
+
+    history: list[Request]
+    join_t: float
+    before: HashRing
+    after: HashRing
+    routing_depth: int
+    donor_recent: WarmBlocks
+    params: EvalParams
+
+
+def seed_replay(setup: Setup) -> WarmBlocks:
+    """The last 500 distinct request chains, oldest first, each block once."""
+    latest: dict[int, Request] = {}
+    for request in setup.history:
+        latest.pop(request.chain[-1], None)
+        latest[request.chain[-1]] = request
+    return _chains_to_blocks(list(latest.values())[-500:])
+
+
+def top_50(setup: Setup) -> WarmBlocks:
+    """The planner's simple policy over the whole history: requests x tokens, 50 items, the token limit."""
+    nodes: dict[int, PrefixNode] = {}
+    leaves: dict[tuple[int, int], int] = {}
+    for request in setup.history:
+        parent = None
+        for depth, (block, tokens) in enumerate(zip(request.chain, request.cumulative, strict=True)):
+            nodes.setdefault(block, PrefixNode((0, block), parent, depth, tokens))
+            parent = (0, block)
+        leaves[(0, request.chain[-1])] = leaves.get((0, request.chain[-1]), 0) + 1
+    through = requests_through(nodes.values(), leaves)
+    candidates = [Candidate(node, through.get(node.key, 0), True) for node in nodes.values()]
+    chosen = choose_warm_set(candidates, budget_tokens=setup.params.limit_tokens, max_items=50)
+    blocks: WarmBlocks = []
+    seen: set[int] = set()
+    for candidate in chosen:
+        path = []
+        node: PrefixNode | None = candidate.node
+        while node is not None and node.key[1] not in seen:
+            up = nodes[node.parent[1]] if node.parent is not None else None
+            path.append((node.key[1], node.tokens - (up.tokens if up is not None else 0)))
+            node = up
+        blocks += reversed(path)
+        seen.update(block for block, _ in path)
+    return blocks
+
+
+def peer_copy(setup: Setup) -> WarmBlocks:
+    """The donor's most recent blocks at the join, up to the token limit, least recent first."""
+    return list(reversed(setup.donor_recent))
+
+
+def warmplane(setup: Setup) -> WarmBlocks:
+    """What the planner issues: the history stored as it stores it (each prefix's parent and cumulative
+    tokens, requests per leaf and `bucket_seconds` bucket), then `trie_from_counts` and
+    `choose_for_replica` for the newcomer among the ring's replicas, its KV capacity capped at
+    `capacity_fraction`. Every block counts as renderable (the simulation replays blocks, not payloads)."""
+    params = setup.params
+    width = params.bucket_seconds
+    prefixes: dict[int, StoredPrefix] = {}
+    counts: Counter[tuple[int, int]] = Counter()
+    for request in setup.history:
+        parent = None
+        for block, tokens in zip(request.chain, request.cumulative, strict=True):
+            prefixes.setdefault(block, StoredPrefix(block, parent, tokens))
+            parent = block
+        counts[(request.chain[-1], int(request.t // width))] += 1
+    leaves = [LeafCount(leaf, bucket * width + width / 2, n) for (leaf, bucket), n in counts.items()]
+    trie, _left_out = trie_from_counts(prefixes.values(), leaves, setup.join_t, params.half_life)
+    items, _limit = choose_for_replica(
+        trie,
+        setup.join_t,
+        replica=NEW,
+        members=list(setup.after.weights),
+        ring=RingSpec(setup.routing_depth, setup.after.vnodes, setup.after.load_factor),
+        budget=WarmBudget(tokens=params.limit_tokens),
+        kv_capacity_tokens=params.capacity_blocks * params.block_tokens,
+        knobs=PolicyKnobs(params.half_life, params.ramp_window, params.min_reuse, params.capacity_fraction),
+    )
+    return [(item.prefix_id, item.cost_tokens) for item in items]
+
+
+POLICIES: dict[str, Callable[[Setup], WarmBlocks]] = {
+    "none": lambda setup: [],
+    "seed-replay": seed_replay,
+    "top-50": top_50,
+    "peer-copy": peer_copy,
+    "warmplane": warmplane,
+}
+
+
+def _chains_to_blocks(requests: Sequence[Request]) -> WarmBlocks:
+    blocks: WarmBlocks = []
+    seen: set[int] = set()
+    for request in requests:
+        for block, tokens in zip(request.chain, request.own_tokens, strict=True):
+            if block not in seen:
+                seen.add(block)
+                blocks.append((block, tokens))
+    return blocks
+
+
+def warm_cache(capacity_blocks: int, blocks: WarmBlocks) -> tuple[LruCache, int]:
+    """A fresh cache pre-filled with `blocks`, children touched before parents (heads end most recent);
+    returns it and the prefill tokens spent."""
+    cache = LruCache(capacity_blocks)
+    spent = sum(cache.touch([block], [tokens]) for block, tokens in reversed(blocks))
+    return cache, spent
