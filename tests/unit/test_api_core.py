@@ -85,6 +85,8 @@ def test_a_window_covers_whole_buckets_back_from_now() -> None:
     assert (window.since_bucket, window.step_buckets) == ((10_000 - 3_600) // 60, 10)
     assert figures.window(10_000, 3_600, None, 60).step_buckets == 60
     assert figures.window(10_000, 3_600, 1, 60).step_buckets == 1
+    # The first bucket starts at or before the window's start, never after it.
+    assert window.start_s == 6_360 <= 10_000 - 3_600 < window.start_s + 60
 
 
 def test_coverage_counts_requests_whose_chain_passes_a_warm_prefix() -> None:
