@@ -476,6 +476,8 @@ async def test_the_status_page_shows_replicas_warm_sets_and_health_in_headless_c
     assert '<span class="state starting">starting</span>' in dom
     replica_row = dom[dom.index("<td>r-1</td>") :].split("</tr>", 1)[0]
     assert f"<td>{MODEL.name}</td><td>node-1</td>" in replica_row
+    # r-1's requests in the last 15 minutes and their hit ratio: 600 of 1,509 prompt tokens cached.
+    assert replica_row.endswith('<td class="num">9</td><td class="num">39.8%</td>'), replica_row
     assert "<td>acme</td><td>10</td>" in dom.replace(' class="num"', "")
     assert "<td>globex</td><td>5</td>" in dom.replace(' class="num"', "")
     # globex's requests were all cold: its cold-start ratio is flagged against the 30% alarm.
@@ -514,6 +516,13 @@ async def test_the_cli_prints_tables_and_json_acts_and_refuses_with_the_apis_rea
     assert [(m["tenant"], m["preview"]) for m in json.loads(as_json)] == [
         ("acme", "system: acme shared prompt")
     ]
+
+    code, replicas = await _cli(world, ACME, "replicas", "--model", MODEL.name)
+    header, row = replicas.splitlines()
+    assert code == 0 and header.split()[-3:] == ["REQUESTS", "HIT_RATE", "REASON"]
+    assert row.split()[0] == "r-1" and row.split()[-2:] == ["6", f"{600 / 1206:.3f}"]
+    code, older = await _cli(world, READER, "replica", "r-1", "--tenant", "acme", "--window-s", "14400")
+    assert code == 0 and older.splitlines()[1].split()[-2:] == ["7", f"{700 / 1407:.3f}"]
 
     code, refused = await _cli(world, READER, "scale", "--model", MODEL.name, "--from", "1", "--to", "2")
     assert code == 1 and "403 this action needs an admin token" in refused
