@@ -1,6 +1,6 @@
 """The API's ASGI app: routes, errors in one shape, request metrics, the status page.
 
-GET  /v1/...            read endpoints (`routes_read.py`), a token of any role
+GET  /v1/...            read endpoints (`routes_read.py`, `routes_replicas.py`), a token of any role
 POST /v1/...            admin actions (`routes_admin.py`), an admin token
 GET  /status            the status page (the token is given in the page, never in its URL's query)
 GET  /healthz           200 while the process serves; /readyz 200 once Postgres answers
@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from warmplane.services.api import routes_admin, routes_read
+from warmplane.services.api import routes_admin, routes_read, routes_replicas
 from warmplane.services.api.auth import Forbidden, Unauthenticated
 from warmplane.services.api.deps import ApiDeps
 from warmplane.services.api.routes_admin import BrokerUnavailable
@@ -37,6 +37,7 @@ def build_app(deps: ApiDeps) -> FastAPI:
     )
     app.state.deps = deps
     app.include_router(routes_read.router)
+    app.include_router(routes_replicas.router)
     app.include_router(routes_admin.router)
     _add_error_handlers(app)
     _add_operational_routes(app, deps)

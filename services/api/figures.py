@@ -17,6 +17,12 @@ class Window:
     step_buckets: int
     bucket_seconds: int
 
+    @property
+    def start_s(self) -> int:
+        """Unix seconds at which the window's first bucket starts: whole buckets are summed, so a
+        window reaches up to one bucket further back than asked."""
+        return self.since_bucket * self.bucket_seconds
+
 
 def window(now_s: float, window_s: int, step_s: int | None, bucket_seconds: int) -> Window:
     """The buckets of the last `window_s` seconds before `now_s`, in steps of `step_s` (whole buckets,

@@ -1,4 +1,4 @@
-"""The API's read model: the planner's tables, read through one asyncpg pool (migrations 0001-0005).
+"""The API's read model: the planner's tables, read through one asyncpg pool (migrations 0001-0009).
 
 Every query filters by tenant in SQL when the caller is restricted to one (`tenant` is None for every
 tenant), so a tenant's rows never reach the process for another tenant's caller. Times are
@@ -27,6 +27,14 @@ LEFT JOIN LATERAL (
 WHERE ($1::text IS NULL OR r.model = $1) AND ($2::text IS NULL OR r.state = $2)
   AND ($3::text IS NULL OR r.replica_id = $3)
 ORDER BY r.model, r.replica_id
+"""
+REPLICA_HITS = """
+SELECT h.replica, sum(h.requests)::bigint AS requests, sum(h.cold_requests)::bigint AS cold_requests,
+       sum(h.prompt_tokens)::bigint AS prompt_tokens, sum(h.cached_tokens)::bigint AS cached_tokens,
+       sum(h.ttft_ms_sum)::float8 AS ttft_ms_sum, sum(h.ttft_count)::bigint AS ttft_count
+FROM replica_stats h JOIN scopes s USING (scope_id)
+WHERE h.replica = ANY($1::text[]) AND h.bucket >= $2 AND ($3::text IS NULL OR s.tenant = $3)
+GROUP BY h.replica
 """
 TRANSITIONS = """
 SELECT state, occurred_at, reason FROM replica_transitions WHERE replica_id = $1
@@ -109,6 +117,15 @@ class PgReadModel:
         self, model: str | None = None, state: str | None = None, replica: str | None = None
     ) -> list[asyncpg.Record]:
         return list(await self._pool.fetch(REPLICAS, model, state, replica))
+
+    async def replica_hits(
+        self, replicas: list[str], since_bucket: int, tenant: str | None
+    ) -> dict[str, asyncpg.Record]:
+        """The request sums (`requests`, `cold_requests`, `prompt_tokens`, `cached_tokens`,
+        `ttft_ms_sum`, `ttft_count`) of each of `replicas` from bucket `since_bucket` on, counting only
+        `tenant`'s requests unless it is None. A replica that served none in the window is absent."""
+        rows = await self._pool.fetch(REPLICA_HITS, replicas, since_bucket, tenant)
+        return {row["replica"]: row for row in rows}
 
     async def transitions(self, replica: str, limit: int) -> list[asyncpg.Record]:
         return list(await self._pool.fetch(TRANSITIONS, replica, limit))

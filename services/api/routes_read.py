@@ -1,6 +1,6 @@
-"""Read endpoints: replicas, plans, epochs, warm sets, top misses, traffic. Every one needs a token;
-tenant tokens are restricted to their tenant (`Principal.tenant_scope`) and refused fleet-wide views
-that would name other tenants' prefixes."""
+"""Read endpoints: models, plans, epochs, warm sets, top misses, traffic (replicas are in
+`routes_replicas.py`). Every one needs a token; tenant tokens are restricted to their tenant
+(`Principal.tenant_scope`) and refused fleet-wide views that would name other tenants' prefixes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import asyncpg
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Query
 
 from warmplane.services.api import figures
 from warmplane.services.api.deps import Caller, Deps
@@ -24,13 +24,8 @@ from warmplane.services.api.schemas import (
     PlanDetail,
     PlanItem,
     PlanState,
-    PlanSummary,
     Problem,
-    Replica,
-    ReplicaDetail,
-    ReplicaState,
     TrafficPoint,
-    Transition,
     WarmSet,
 )
 
@@ -49,30 +44,6 @@ LimitQ = Annotated[int, Query(ge=1, le=1_000)]
 async def models(deps: Deps, caller: Caller) -> list[str]:
     """Every model with replicas or traffic."""
     return await deps.read.models()
-
-
-@router.get("/replicas", response_model=list[Replica])
-async def replicas(
-    deps: Deps,
-    caller: Caller,
-    *,
-    model: ModelQ = None,
-    state: Annotated[ReplicaState | None, Query()] = None,
-) -> list[Replica]:
-    """Replicas with their state and latest plan's progress (no tenant's data: every token may read)."""
-    return [_replica(row) for row in await deps.read.replicas(model, state)]
-
-
-@router.get("/replicas/{replica_id:path}", response_model=ReplicaDetail, responses={404: {"model": Problem}})
-async def replica(
-    deps: Deps, caller: Caller, replica_id: Annotated[str, Path(min_length=1, max_length=128)]
-) -> ReplicaDetail:
-    """One replica and its last 50 state transitions."""
-    rows = await deps.read.replicas(replica=replica_id)
-    if not rows:
-        raise HTTPException(404, f"no replica {replica_id!r}")
-    transitions = [Transition(**dict(t)) for t in await deps.read.transitions(replica_id, 50)]
-    return ReplicaDetail(**_replica(rows[0]).model_dump(), transitions=transitions)
 
 
 @router.get("/plans", response_model=list[Plan])
@@ -227,32 +198,6 @@ async def warm_sets(
             )
         )
     return answer
-
-
-def _replica(row: asyncpg.Record) -> Replica:
-    latest = None
-    if row["plan_id"] is not None:
-        latest = PlanSummary(
-            plan_id=row["plan_id"],
-            state=row["plan_state"],
-            epoch=row["plan_epoch"],
-            items=row["plan_items"],
-            items_done=row["items_done"],
-            verified_hits=row["verified_hits"],
-            tokens_prefilled=row["tokens_prefilled"],
-            issued_at=row["issued_at"],
-            deadline=row["deadline"],
-            finished_at=row["finished_at"],
-        )
-    return Replica(
-        replica=row["replica_id"],
-        **{
-            k: row[k]
-            for k in ("node", "model", "model_revision", "endpoint", "state", "state_since", "reason")
-        },
-        kv_capacity_tokens=row["kv_capacity_tokens"],
-        latest_plan=latest,
-    )
 
 
 def _plan(row: asyncpg.Record) -> Plan:

@@ -45,6 +45,20 @@ class PlanSummary(BaseModel):
     finished_at: datetime | None
 
 
+class ReplicaHits(BaseModel):
+    """The requests a replica served in the window (request events' `replica`). For a tenant token,
+    or a `tenant` asked for, only that tenant's requests count."""
+
+    since: datetime = Field(description="start of the window's first statistics bucket")
+    requests: int
+    cold_requests: int = Field(description="requests that found no cached prefix")
+    prompt_tokens: int
+    cached_tokens: int
+    prefix_hit_ratio: float | None = Field(description="cached ÷ prompt tokens; null without traffic")
+    cold_start_ratio: float | None = Field(description="cold requests ÷ requests; null without traffic")
+    mean_ttft_ms: float | None
+
+
 class Replica(BaseModel):
     replica: str
     node: str
@@ -56,6 +70,7 @@ class Replica(BaseModel):
     reason: str
     kv_capacity_tokens: int | None
     latest_plan: PlanSummary | None
+    hits: ReplicaHits
 
 
 class Transition(BaseModel):

@@ -25,8 +25,11 @@ REPLICA_COLUMNS = (
     "items",
     "verified",
     "epoch",
+    "requests",
+    "hit_rate",
     "reason",
 )
+"""`requests` and `hit_rate` (cached ÷ prompt tokens, `-` without traffic) are over the API's window."""
 HANDLERS: dict[str, Handler] = {}
 
 
@@ -45,10 +48,13 @@ def _command(commands: argparse._SubParsersAction, name: str, text: str) -> argp
 
 
 def _add_reads(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = _command(commands, "replicas", "list replicas with their state and warm progress")
+    p = _command(commands, "replicas", "list replicas with their state, warm progress and hit rate")
     p.add_argument("--model")
     p.add_argument("--state")
-    _command(commands, "replica", "one replica and its transitions").add_argument("replica")
+    _add_hit_window(p)
+    p = _command(commands, "replica", "one replica, its hit rate and its transitions")
+    p.add_argument("replica")
+    _add_hit_window(p)
     p = _command(commands, "plans", "list warm plans and their outcomes, newest first")
     p.add_argument("--replica")
     p.add_argument("--model")
@@ -75,6 +81,11 @@ def _add_reads(commands: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("replica")
     p.add_argument("--timeout-s", type=float, default=600.0)
     p.add_argument("--poll-s", type=float, default=1.0)
+
+
+def _add_hit_window(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tenant", help="count only this tenant's requests in the hit rate")
+    parser.add_argument("--window-s", type=int, help="the hit rate's window (the API's default if unset)")
 
 
 def _add_actions(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -131,8 +142,10 @@ def _acted(out: TextIO, args: argparse.Namespace, answer: dict[str, Any], done: 
     return 0
 
 
-def _replica_row(replica: dict[str, Any]) -> dict[str, Any]:
+def replica_row(replica: dict[str, Any]) -> dict[str, Any]:
+    """A replica as the API answers it, flattened into `REPLICA_COLUMNS`."""
     plan = replica.get("latest_plan") or {}
+    hits = replica.get("hits") or {}
     return {
         **replica,
         "plan": plan.get("state"),
@@ -140,21 +153,25 @@ def _replica_row(replica: dict[str, Any]) -> dict[str, Any]:
         "items": plan.get("items"),
         "verified": plan.get("verified_hits"),
         "epoch": plan.get("epoch"),
+        "requests": hits.get("requests"),
+        "hit_rate": hits.get("prefix_hit_ratio"),
     }
 
 
 @_handles("replicas")
 def _replicas(client: ApiClient, args: argparse.Namespace, out: TextIO) -> int:
-    answer = client.get("/v1/replicas", model=args.model, state=args.state)
-    return _show(out, args, answer, [_replica_row(r) for r in answer], REPLICA_COLUMNS)
+    answer = client.get(
+        "/v1/replicas", model=args.model, state=args.state, tenant=args.tenant, window_s=args.window_s
+    )
+    return _show(out, args, answer, [replica_row(r) for r in answer], REPLICA_COLUMNS)
 
 
 @_handles("replica")
 def _replica(client: ApiClient, args: argparse.Namespace, out: TextIO) -> int:
-    answer = client.get(f"/v1/replicas/{args.replica}")
+    answer = client.get(f"/v1/replicas/{args.replica}", tenant=args.tenant, window_s=args.window_s)
     if args.json:
         return _show(out, args, answer, [], ())
-    print(render([_replica_row(answer)], REPLICA_COLUMNS), file=out)
+    print(render([replica_row(answer)], REPLICA_COLUMNS), file=out)
     print("\n" + render(answer["transitions"], ("occurred_at", "state", "reason")), file=out)
     return 0
 

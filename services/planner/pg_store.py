@@ -1,8 +1,9 @@
 """The planner's Postgres store for ingestion: one transaction per batch, Postgres sums the counters.
 
 The hot path speaks asyncpg directly: a batch's requests and misses are copied (binary COPY) one row
-per event into a temporary table, and one call of `warmplane_ingest_events` (migration 0006) sums them
-per key and applies them with the offsets, the ledger, the chain paths and the catalog
+per event into a temporary table, and one call of `warmplane_ingest_events` (migrations 0006, 0009) sums
+them per key (and a request's per replica) and applies them with the offsets, the ledger, the chain
+paths and the catalog
 (bench/ingest_bench.py measures it). A batch's counts, its partitions' next offsets and its ledger of
 event ids commit in one transaction, so a crash anywhere leaves either all of a batch or none of it,
 and the consumer resumes exactly after the last batch that committed.
@@ -28,7 +29,7 @@ _json = msgspec.json.Encoder()
 log = logging.getLogger(__name__)
 
 INGEST_EVENTS = "SELECT warmplane_ingest_events(" + ", ".join(f"${n}" for n in range(1, 21)) + ")"
-"""Offsets (fenced), ledger, the staged counts, chain paths and catalog (migration 0006)."""
+"""Offsets (fenced), ledger, the staged counts, chain paths and catalog (migrations 0006, 0009)."""
 STAGED_COUNTS = "warmplane_batch_counts"
 STAGE_COUNTS = f"""
 CREATE TEMP TABLE IF NOT EXISTS {STAGED_COUNTS} (
@@ -38,13 +39,14 @@ CREATE TEMP TABLE IF NOT EXISTS {STAGED_COUNTS} (
     at        double precision NOT NULL,
     tokens    integer NOT NULL,
     cached    integer,
-    ttft      double precision
+    ttft      double precision,
+    replica   text
 ) ON COMMIT DELETE ROWS
 """
 """A batch's requests and misses, one row each, for `warmplane_ingest_events` to sum: in this session
 only, emptied at every commit. `at` is occurred_at in Unix seconds; `tokens` a request's prompt tokens
-or a miss's missed tokens; `cached` and `ttft` are a request's."""
-_STAGED_COLUMNS = ("miss", "scope_id", "prefix_id", "at", "tokens", "cached", "ttft")
+or a miss's missed tokens; `cached`, `ttft` and `replica` (the one that served it) are a request's."""
+_STAGED_COLUMNS = ("miss", "scope_id", "prefix_id", "at", "tokens", "cached", "ttft", "replica")
 FENCED_SQLSTATE = "WP001"
 _DEADLOCK_RETRIES = 3
 STORED_OFFSETS = """
@@ -194,6 +196,7 @@ class PgIngestStore:
                 requests.prompt_tokens,
                 requests.cached_tokens,
                 requests.ttft_ms,
+                requests.replicas,
             ),
             zip(
                 repeat(True),
@@ -201,6 +204,7 @@ class PgIngestStore:
                 misses.prefixes,
                 misses.seconds,
                 misses.missed_tokens,
+                repeat(None),
                 repeat(None),
                 repeat(None),
             ),

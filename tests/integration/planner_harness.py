@@ -33,9 +33,11 @@ def request(
     prompt_tokens: int | None = None,
     cached_tokens: int = 0,
     at: datetime | None = None,
+    replica: str = "replica-0",
     **extra: object,
 ) -> RequestObserved:
-    """A request-observed event over `chain`, 100 tokens a segment unless told otherwise."""
+    """A request-observed event over `chain`, served by `replica`, 100 tokens a segment unless told
+    otherwise."""
     tokens = [100 * (i + 1) for i in range(len(chain))]
     return RequestObserved(
         event_id=new_event_id(),
@@ -43,7 +45,7 @@ def request(
         producer="test",
         tenant=tenant,
         model=MODEL,
-        replica="replica-0",
+        replica=replica,
         chain=list(chain),
         chain_tokens=tokens,
         prompt_tokens=prompt_tokens if prompt_tokens is not None else tokens[-1] + 1,

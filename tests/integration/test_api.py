@@ -10,8 +10,9 @@ import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import httpx
@@ -56,6 +57,8 @@ from warmplane.shared.events import (
 from warmplane.shared.topics import Topics
 
 _TIMEOUT_S = 30.0
+OLD_AGE = timedelta(hours=3)
+OLD_WINDOW_S = 4 * 3600
 GLOBEX_SECRET = "globex confidential system prompt"
 SCREENSHOTS = Path(__file__).parents[2] / ".warmplane" / "screenshots"
 
@@ -87,18 +90,27 @@ def _missed(chain: list[int], tenant: str) -> PrefixMissed:
 
 def _traffic() -> list[Event]:
     """acme: 4 cold requests on [11, 12] and 6 with 100 cached tokens on [11, 13], 201 prompt tokens
-    each, and 4 misses at 11; globex: 5 cold requests on [21] (its payload is its secret) and 5 misses."""
+    each, and 4 misses at 11; globex: 5 cold requests on [21], 101 prompt tokens each (its payload is
+    its secret) and 5 misses. r-1 served acme's 6 cached requests and 3 of globex's, replica-0 (which
+    no lifecycle event names) the rest; and 3 hours ago, r-1 served one more cached acme request,
+    outside every window but `OLD_WINDOW_S`."""
     events: list[Event] = []
     events += [
         request([11, 12], payload=_payload(11, "acme shared prompt") if i == 0 else None) for i in range(4)
     ]
-    events += [request([11, 13], cached_tokens=100) for _ in range(6)]
+    events += [request([11, 13], cached_tokens=100, replica="r-1") for _ in range(6)]
     events += [
-        request([21], tenant="globex", payload=_payload(21, GLOBEX_SECRET) if i == 0 else None)
+        request(
+            [21],
+            tenant="globex",
+            payload=_payload(21, GLOBEX_SECRET) if i == 0 else None,
+            replica="r-1" if i < 3 else "replica-0",
+        )
         for i in range(5)
     ]
     events += [_missed([11, 12], "acme") for _ in range(4)]
     events += [_missed([21], "globex") for _ in range(5)]
+    events.append(request([11, 13], cached_tokens=100, replica="r-1", at=datetime.now(UTC) - OLD_AGE))
     return events
 
 
@@ -116,7 +128,7 @@ async def world(embedded_kafka: EmbeddedKafka, embedded_postgres: EmbeddedPostgr
                 async def ingested() -> bool:
                     requests = await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_stats")
                     misses = await db.fetchval("SELECT coalesce(sum(misses), 0) FROM miss_stats")
-                    return bool(requests == 15 and misses == 9)
+                    return bool(requests == 16 and misses == 9)
 
                 await poll_until(ingested, timeout_s=_TIMEOUT_S, what="the traffic ingested")
                 start = ReplicaStarted(
@@ -175,6 +187,54 @@ async def test_replicas_show_state_and_latest_plan_and_unknown_ids_are_404(world
     missing = await _get(world, "/v1/replicas/r-404")
     assert missing.status_code == 404 and missing.json() == {"error": "no replica 'r-404'"}
     assert (await _get(world, f"/v1/plans/{uuid.uuid4()}")).status_code == 404
+
+
+def _hit_figures(replica: dict[str, Any]) -> tuple[object, ...]:
+    hits = replica["hits"]
+    return tuple(
+        hits[k]
+        for k in (
+            "requests",
+            "cold_requests",
+            "prompt_tokens",
+            "cached_tokens",
+            "prefix_hit_ratio",
+            "cold_start_ratio",
+        )
+    )
+
+
+async def test_a_replica_shows_the_hit_rate_of_the_requests_it_served_in_the_window(world: World) -> None:
+    """r-1 served 6 of acme's requests (201 prompt tokens, 100 cached) and 3 of globex's (101, none
+    cached) in the last hour; replica-0's requests are not r-1's, the 3-hour-old one is outside."""
+    [replica] = (await _get(world, "/v1/replicas", READER, model=MODEL.name)).json()
+    assert _hit_figures(replica) == (9, 3, 6 * 201 + 3 * 101, 600, 600 / 1509, 3 / 9)
+    assert replica["hits"]["mean_ttft_ms"] is None  # no request reported one
+    since = datetime.fromisoformat(replica["hits"]["since"])
+    assert timedelta(hours=1) <= datetime.now(UTC) - since < timedelta(hours=1, minutes=2)
+
+    older = (await _get(world, "/v1/replicas/r-1", ADMIN, window_s=OLD_WINDOW_S)).json()
+    assert _hit_figures(older) == (10, 3, 7 * 201 + 3 * 101, 700, 700 / 1710, 3 / 10)
+    assert [t["state"] for t in older["transitions"]] == ["starting"]
+
+
+async def test_a_tenant_sees_only_its_own_share_of_a_replicas_hit_rate(world: World) -> None:
+    [as_acme] = (await _get(world, "/v1/replicas", ACME, model=MODEL.name)).json()
+    assert _hit_figures(as_acme) == (6, 0, 6 * 201, 600, 600 / 1206, 0.0)
+    as_globex = (await _get(world, "/v1/replicas/r-1", GLOBEX)).json()
+    # Traffic that found nothing cached is a 0% hit rate, not a missing one.
+    assert _hit_figures(as_globex) == (3, 3, 303, 0, 0.0, 1.0)
+    asked = (await _get(world, "/v1/replicas/r-1", READER, tenant="globex")).json()
+    assert asked["hits"] == as_globex["hits"]
+    acme_older = (await _get(world, "/v1/replicas/r-1", ACME, window_s=OLD_WINDOW_S)).json()
+    assert _hit_figures(acme_older) == (7, 0, 7 * 201, 700, 700 / 1407, 0.0)
+    # No traffic: counts are 0 and ratios null (no traffic is not a 0% hit rate).
+    nobody = (await _get(world, "/v1/replicas/r-1", READER, tenant="nobody")).json()
+    assert _hit_figures(nobody) == (0, 0, 0, 0, None, None)
+    # Another tenant's share is refused like every other tenant-scoped figure.
+    for path in ("/v1/replicas", "/v1/replicas/r-1"):
+        refused = await _get(world, path, ACME, tenant="globex")
+        assert refused.status_code == 403 and "globex" not in refused.text, path
 
 
 async def test_plans_list_outcomes_and_items_show_previews_to_admins_only(world: World) -> None:
@@ -416,6 +476,8 @@ async def test_the_status_page_shows_replicas_warm_sets_and_health_in_headless_c
     assert '<span class="state starting">starting</span>' in dom
     replica_row = dom[dom.index("<td>r-1</td>") :].split("</tr>", 1)[0]
     assert f"<td>{MODEL.name}</td><td>node-1</td>" in replica_row
+    # r-1's requests in the last 15 minutes and their hit ratio: 600 of 1,509 prompt tokens cached.
+    assert replica_row.endswith('<td class="num">9</td><td class="num">39.8%</td>'), replica_row
     assert "<td>acme</td><td>10</td>" in dom.replace(' class="num"', "")
     assert "<td>globex</td><td>5</td>" in dom.replace(' class="num"', "")
     # globex's requests were all cold: its cold-start ratio is flagged against the 30% alarm.
@@ -454,6 +516,13 @@ async def test_the_cli_prints_tables_and_json_acts_and_refuses_with_the_apis_rea
     assert [(m["tenant"], m["preview"]) for m in json.loads(as_json)] == [
         ("acme", "system: acme shared prompt")
     ]
+
+    code, replicas = await _cli(world, ACME, "replicas", "--model", MODEL.name)
+    header, row = replicas.splitlines()
+    assert code == 0 and header.split()[-3:] == ["REQUESTS", "HIT_RATE", "REASON"]
+    assert row.split()[0] == "r-1" and row.split()[-2:] == ["6", f"{600 / 1206:.3f}"]
+    code, older = await _cli(world, READER, "replica", "r-1", "--tenant", "acme", "--window-s", "14400")
+    assert code == 0 and older.splitlines()[1].split()[-2:] == ["7", f"{700 / 1407:.3f}"]
 
     code, refused = await _cli(world, READER, "scale", "--model", MODEL.name, "--from", "1", "--to", "2")
     assert code == 1 and "403 this action needs an admin token" in refused

@@ -1,7 +1,9 @@
-"""Postgres sums each batch's staged rows into the aggregates the events add up to (migration 0006).
+"""Postgres sums each batch's staged rows into the aggregates the events add up to (migrations 0006,
+0009).
 
 The planner's fold only lays events out one row each; these are the assertions on the sums, per
-(scope, prefix, time bucket), across batches, against real Postgres.
+(scope, prefix, time bucket) and per (replica, scope, time bucket), across batches, against real
+Postgres.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ MODEL = ModelRef("llama", "rev-1")
 BASE = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 SEGMENTS = {b"a": 1, b"b": 2, b"c": 5}
 StatKey = tuple[Scope, int, int]
+ReplicaKey = tuple[str, Scope, int]
+REPLICAS = ("r0", "r1", "pod/r-2")
 
 
 @pytest.fixture
@@ -44,8 +48,8 @@ def epoch_seconds(at: datetime) -> int:
 
 
 def random_event(rng: random.Random) -> RequestObserved | PrefixMissed:
-    """A request (or, one time in four, a miss) in one of four scopes, over a chain of up to four
-    segments, within ten minutes of BASE to the microsecond."""
+    """A request (or, one time in four, a miss) in one of four scopes, served by one of three
+    replicas, over a chain of up to four segments, within ten minutes of BASE to the microsecond."""
     tenant, revision = rng.choice(["acme", "globex"]), rng.choice(["", "v2"])
     path = [rng.choice(sorted(SEGMENTS)) for _ in range(rng.randint(1, 4))]
     chain = chain_from_segments(Namespace(tenant, MODEL.name, revision), path, [SEGMENTS[s] for s in path])
@@ -56,7 +60,7 @@ def random_event(rng: random.Random) -> RequestObserved | PrefixMissed:
         tenant=tenant,
         model=MODEL,
         prompt_rev=revision,
-        replica="r0",
+        replica=rng.choice(REPLICAS),
         chain=list(chain.ids),
         chain_tokens=list(chain.tokens),
     )
@@ -102,6 +106,32 @@ def expected_sums(
     return requests, misses
 
 
+def expected_replica_sums(events: list[Event], bucket_seconds: int) -> dict[ReplicaKey, list[float]]:
+    """Request sums (requests, cold, prompt, cached, ttft sum, ttft count) per (replica, scope,
+    bucket); misses count nowhere here."""
+    sums: dict[ReplicaKey, list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0, 0])
+    for event in events:
+        if isinstance(event, RequestObserved):
+            scope = (event.tenant, event.model.name, event.prompt_rev)
+            row = sums[(event.replica, scope, epoch_seconds(event.occurred_at) // bucket_seconds)]
+            row[0] += 1
+            row[1] += event.cached_tokens == 0
+            row[2] += event.prompt_tokens
+            row[3] += event.cached_tokens
+            row[4] += event.ttft_ms or 0.0
+            row[5] += event.ttft_ms is not None
+    return sums
+
+
+async def stored_replica_sums(db: asyncpg.Pool) -> dict[ReplicaKey, list[float]]:
+    rows = await db.fetch(
+        "SELECT r.replica, s.tenant, s.model, s.prompt_rev, r.bucket, r.requests, r.cold_requests,"
+        " r.prompt_tokens, r.cached_tokens, r.ttft_ms_sum, r.ttft_count"
+        " FROM replica_stats r JOIN scopes s USING (scope_id)"
+    )
+    return {(r[0], (r[1], r[2], r[3]), r[4]): list(r[5:]) for r in rows}
+
+
 async def stored_sums(
     db: asyncpg.Pool,
 ) -> tuple[dict[StatKey, list[float]], dict[StatKey, list[int]]]:
@@ -141,6 +171,12 @@ async def test_counters_are_sums_per_scope_prefix_and_bucket_across_batches(
     for key, sums in requests.items():
         assert sums == pytest.approx(expected_requests[key])
     assert misses == expected_misses
+    expected_replicas = expected_replica_sums(events, bucket_seconds)
+    by_replica = await stored_replica_sums(pool)
+    assert by_replica.keys() == expected_replicas.keys()
+    assert {key[0] for key in by_replica} == set(REPLICAS)
+    for replica_key, replica_sums in by_replica.items():
+        assert replica_sums == pytest.approx(expected_replicas[replica_key])
 
 
 async def test_buckets_are_occurred_at_seconds_floor_divided_by_the_width(pool: asyncpg.Pool) -> None:

@@ -25,6 +25,7 @@ PLANNER_TABLES = {
     "replica_transitions",
     "fleet_changes",
     "warm_plans",
+    "replica_stats",
 }
 _TIMEOUT_S = 10.0
 
@@ -50,8 +51,9 @@ def sqlalchemy_url(dsn: str) -> str:
     return "postgresql+asyncpg://" + dsn.split("://", 1)[1]
 
 
-async def migrate_to(dsn: str, revision: str) -> None:
-    if revision == "base":
+async def migrate_to(dsn: str, revision: str, *, down: bool = False) -> None:
+    """Upgrade to `revision`, or downgrade to it (`base` always goes down)."""
+    if down or revision == "base":
         await asyncio.to_thread(migrate.downgrade, sqlalchemy_url(dsn), revision)
     else:
         await asyncio.to_thread(migrate.upgrade, sqlalchemy_url(dsn), revision)
@@ -74,6 +76,15 @@ async def columns(db: asyncpg.Connection) -> list[tuple[str, ...]]:
     return [tuple(row) for row in rows]
 
 
+async def ingest_function(db: asyncpg.Connection) -> str:
+    """The definition of `warmplane_ingest_events` as Postgres holds it (looked up by name on every
+    call: a migration recreates it under a new oid, and a cached `::regproc` plan would keep the old)."""
+    definition: str = await db.fetchval(
+        "SELECT pg_get_functiondef(oid) FROM pg_proc WHERE proname = 'warmplane_ingest_events'"
+    )
+    return definition
+
+
 async def test_upgrade_downgrade_upgrade(empty_database: str) -> None:
     db = await asyncpg.connect(empty_database, timeout=_TIMEOUT_S)
     try:
@@ -93,6 +104,32 @@ async def test_upgrade_downgrade_upgrade(empty_database: str) -> None:
         assert await relations(db) == first
         assert await columns(db) == first_columns
         assert await db.fetchval("SELECT version_num FROM alembic_version") == head_revision()
+    finally:
+        await db.close()
+
+
+async def test_0009_down_restores_the_0006_ingest_function_and_up_again_the_replica_sums(
+    empty_database: str,
+) -> None:
+    """Downgrading past 0009 drops `replica_stats` and puts back the function 0006 made (which sums no
+    replicas); upgrading again restores 0009's exactly."""
+    db = await asyncpg.connect(empty_database, timeout=_TIMEOUT_S)
+    try:
+        await migrate_to(empty_database, "0008")
+        before, before_relations = await ingest_function(db), await relations(db)
+        assert "replica_stats" not in before and "replica_stats" not in before_relations
+
+        await migrate_to(empty_database, "0009")
+        at_0009 = await ingest_function(db)
+        assert "INSERT INTO replica_stats" in at_0009
+        assert await relations(db) - before_relations == {"replica_stats", "replica_stats_pkey"}
+
+        await migrate_to(empty_database, "0008", down=True)
+        assert await ingest_function(db) == before
+        assert await relations(db) == before_relations
+
+        await migrate_to(empty_database, "0009")
+        assert await ingest_function(db) == at_0009
     finally:
         await db.close()
 

@@ -21,18 +21,29 @@ EVENTS = 120_000
 TENANTS = ("acme", "globex", "initech")
 
 
-def _stream(seed: int) -> tuple[list[Event], Counter[tuple[str, int]]]:
-    """Requests over shared roots, 2% of them published twice (as a producer's retry does: the copy a
-    few thousand messages later); and the true count per (tenant, leaf)."""
+def _stream(seed: int) -> tuple[list[Event], Counter[tuple[str, int]], Counter[tuple[str, str]]]:
+    """Requests over shared roots, served by 8 replicas, 2% of them published twice (as a producer's
+    retry does: the copy a few thousand messages later); and the true counts per (tenant, leaf) and
+    per (replica, tenant)."""
     rng = random.Random(seed)
     events: list[Event] = []
     for _ in range(EVENTS):
         root = rng.randrange(40)
-        events.append(request([root, root * 1_000 + rng.randrange(50)], tenant=rng.choice(TENANTS)))
+        events.append(
+            request(
+                [root, root * 1_000 + rng.randrange(50)],
+                tenant=rng.choice(TENANTS),
+                replica=f"r-{rng.randrange(8)}",
+            )
+        )
     for original in sorted(rng.sample(range(EVENTS), EVENTS // 50), reverse=True):
         events.insert(min(len(events), original + rng.randrange(1, 5_000)), events[original])
-    unique = {e.event_id: e for e in events if isinstance(e, RequestObserved)}
-    return events, Counter((e.tenant, e.chain[-1]) for e in unique.values())
+    unique = [e for e in {e.event_id: e for e in events}.values() if isinstance(e, RequestObserved)]
+    return (
+        events,
+        Counter((e.tenant, e.chain[-1]) for e in unique),
+        Counter((e.replica, e.tenant) for e in unique),
+    )
 
 
 async def _lag(settings: PlannerSettings) -> int:
@@ -58,7 +69,7 @@ async def test_sigkill_mid_batch_neither_loses_nor_double_counts(
     settings = planner_settings.model_copy(
         update={"ingest": IngestSettings(group_id=planner_settings.ingest.group_id, batch_max_records=1_000)}
     )
-    events, truth = _stream(seed=7)
+    events, truth, by_replica = _stream(seed=7)
     await produce(settings.kafka, events)
     total = sum(truth.values())
     db = await asyncpg.connect(settings.postgres.asyncpg_dsn())
@@ -95,6 +106,12 @@ async def test_sigkill_mid_batch_neither_loses_nor_double_counts(
             " FROM prefix_stats p JOIN scopes s USING (scope_id) GROUP BY 1, 2"
         )
         assert Counter({(r["tenant"], r["prefix_id"]): r["n"] for r in rows}) == truth
+        # Written in the same transaction as the counts above: exact per replica as well.
+        rows = await db.fetch(
+            "SELECT r.replica, s.tenant, sum(r.requests) AS n"
+            " FROM replica_stats r JOIN scopes s USING (scope_id) GROUP BY 1, 2"
+        )
+        assert Counter({(r["replica"], r["tenant"]): r["n"] for r in rows}) == by_replica
         assert await db.fetchval("SELECT sum(length(event_ids)) / 16 FROM ingest_ledger") == total
         tokens = await db.fetchval("SELECT sum(prompt_tokens) FROM prefix_stats")
         assert tokens == total * 201  # every request here has 200 chain tokens + 1

@@ -29,7 +29,14 @@ async def test_counts_each_event_once_and_records_the_fleet(planner_settings: Pl
     events: list[Event] = []
     for i in range(300):
         tenant = ("acme", "globex")[i % 2]
-        events.append(request([1, 10 + i % 7], tenant=tenant, cached_tokens=100 * (i % 3 == 0)))
+        events.append(
+            request(
+                [1, 10 + i % 7],
+                tenant=tenant,
+                cached_tokens=100 * (i % 3 == 0),
+                replica=("r-a", "r-b", "r-c", "r-d")[i % 4],
+            )
+        )
     duplicated = request([1, 99])
     events += [duplicated, duplicated, duplicated]
     payload = PrefixPayload(prefix_id=5, messages=[{"role": "system", "content": "You are terse."}])
@@ -80,6 +87,19 @@ async def test_counts_each_event_once_and_records_the_fleet(planner_settings: Pl
         assert Counter({(r["tenant"], r["prefix_id"]): r["n"] for r in rows}) == expected
         cold = sum(1 for e in requests.values() if e.cached_tokens == 0)
         assert await db.fetchval("SELECT sum(cold_requests) FROM prefix_stats") == cold
+        # The same requests, once each, per replica (the duplicate's copies not among them).
+        by_replica = await db.fetch(
+            "SELECT replica, sum(requests) AS n, sum(cold_requests) AS cold, sum(cached_tokens) AS cached"
+            " FROM replica_stats GROUP BY 1"
+        )
+        assert {r["replica"]: (r["n"], r["cold"], r["cached"]) for r in by_replica} == {
+            name: (
+                sum(1 for e in requests.values() if e.replica == name),
+                sum(1 for e in requests.values() if e.replica == name and e.cached_tokens == 0),
+                sum(e.cached_tokens for e in requests.values() if e.replica == name),
+            )
+            for name in {e.replica for e in requests.values()}
+        }
 
         nodes = await db.fetch("SELECT prefix_id, parent_id FROM prefix_nodes")
         edges = {r["prefix_id"]: r["parent_id"] for r in nodes}
@@ -102,7 +122,7 @@ async def test_counts_each_event_once_and_records_the_fleet(planner_settings: Pl
 
 
 async def test_a_replayed_stream_changes_nothing(planner_settings: PlannerSettings) -> None:
-    events = [request([7, 70 + i % 5]) for i in range(200)]
+    events = [request([7, 70 + i % 5], replica=f"r-{i % 3}") for i in range(200)]
     await produce(planner_settings.kafka, events)
     db = await asyncpg.connect(planner_settings.postgres.asyncpg_dsn())
     try:
@@ -110,9 +130,11 @@ async def test_a_replayed_stream_changes_nothing(planner_settings: PlannerSettin
         async with running_planner(planner_settings):
             await poll_until(lambda: _equals(db, total, 200), timeout_s=30, what="200 requests counted")
         before = await db.fetch("SELECT * FROM prefix_stats ORDER BY prefix_id, bucket")
+        replicas_before = await db.fetch("SELECT * FROM replica_stats ORDER BY replica, bucket, scope_id")
+        assert sum(row["requests"] for row in replicas_before) == 200
 
         # The same events again (a producer's retry, an operator's replay), then a marker to wait for.
-        marker = request([8, 80])
+        marker = request([8, 80], replica="marker")
         await produce(planner_settings.kafka, [*events, marker])
         async with running_planner(planner_settings) as planner:
             # The marker may sit on another partition than the copies: wait for both to be read.
@@ -125,6 +147,10 @@ async def test_a_replayed_stream_changes_nothing(planner_settings: PlannerSettin
             # below: the aggregates did not move.
         after = await db.fetch("SELECT * FROM prefix_stats WHERE prefix_id <> 80 ORDER BY prefix_id, bucket")
         assert after == before
+        replicas_after = await db.fetch(
+            "SELECT * FROM replica_stats WHERE replica <> 'marker' ORDER BY replica, bucket, scope_id"
+        )
+        assert replicas_after == replicas_before
     finally:
         await db.close()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,6 +12,7 @@ from pydantic import SecretStr
 from warmplane.services.api import figures
 from warmplane.services.api.auth import Forbidden, Principal, TokenBook, Unauthenticated
 from warmplane.services.api.settings import ApiSettings, ApiToken
+from warmplane.services.cli.api_commands import REPLICA_COLUMNS, replica_row
 from warmplane.services.cli.tables import render
 from warmplane.shared.settings import SettingsError, load_settings
 
@@ -85,6 +88,8 @@ def test_a_window_covers_whole_buckets_back_from_now() -> None:
     assert (window.since_bucket, window.step_buckets) == ((10_000 - 3_600) // 60, 10)
     assert figures.window(10_000, 3_600, None, 60).step_buckets == 60
     assert figures.window(10_000, 3_600, 1, 60).step_buckets == 1
+    # The first bucket starts at or before the window's start, never after it.
+    assert window.start_s == 6_360 <= 10_000 - 3_600 < window.start_s + 60
 
 
 def test_coverage_counts_requests_whose_chain_passes_a_warm_prefix() -> None:
@@ -134,3 +139,19 @@ def test_tables_align_numbers_right_and_show_missing_values() -> None:
         "replica-22      -  1.000",
     ]
     assert render([], ("replica",)) == "(none)"
+
+
+def test_the_replicas_table_shows_each_replicas_requests_and_hit_rate_from_the_api_answer() -> None:
+    answer: list[dict[str, Any]] = [
+        {"replica": "r-1", "state": "ready", "latest_plan": None,
+         "hits": {"requests": 9, "prefix_hit_ratio": 600 / 1509}},
+        {"replica": "r-2", "state": "starting", "latest_plan": {"state": "issued", "items": 3},
+         "hits": {"requests": 0, "prefix_hit_ratio": None}},
+    ]  # fmt: skip
+    rows = [replica_row(replica) for replica in answer]
+    assert render(rows, ("replica", "plan", "items", "requests", "hit_rate")).splitlines() == [
+        "REPLICA  PLAN    ITEMS  REQUESTS  HIT_RATE",
+        "r-1      -           -         9     0.398",
+        "r-2      issued      3         0         -",
+    ]
+    assert set(REPLICA_COLUMNS) >= {"requests", "hit_rate"}

@@ -63,7 +63,7 @@ def requests(draw: st.DrawFn) -> RequestObserved:
         tenant=scope[0],
         model=MODEL,
         prompt_rev=scope[2],
-        replica="r0",
+        replica=draw(st.sampled_from(["r0", "r1", "r/2"])),
         chain=chain,
         chain_tokens=tokens,
         prompt_tokens=prompt_tokens,
@@ -110,6 +110,7 @@ def test_requests_become_one_column_entry_each_in_order(events: list[RequestObse
             columns.prompt_tokens,
             columns.cached_tokens,
             columns.ttft_ms,
+            columns.replicas,
             strict=True,
         )
     ) == [
@@ -120,6 +121,7 @@ def test_requests_become_one_column_entry_each_in_order(events: list[RequestObse
             e.prompt_tokens,
             e.cached_tokens,
             e.ttft_ms,
+            e.replica,
         )
         for e in events
     ]

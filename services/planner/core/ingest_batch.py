@@ -1,7 +1,8 @@
 """Folding a batch of decoded events into what one database transaction applies. Pure: no I/O.
 
 A batch becomes: the columns of its requests and misses (one entry per event, which Postgres sums per
-(scope, prefix, time bucket) in the batch's one statement), the new ends of chains not yet known to be
+(scope, prefix, time bucket), and a request's also per (replica, scope, time bucket), in the batch's one
+statement), the new ends of chains not yet known to be
 stored, catalog payloads, replica transitions, fleet changes and warm results (which move the state of
 the plans they answer).
 
@@ -43,11 +44,13 @@ class RequestColumns:
     """The batch's requests, one entry per request in every list, in batch order.
 
     `seconds` is `occurred_at` in Unix seconds (the store buckets it); `ttft_ms` is None where the
-    request reported none. Summed per (scope, leaf, bucket) by Postgres.
+    request reported none; `replicas` names the replica that served each. Summed per (scope, leaf,
+    bucket) and per (replica, scope, bucket) by Postgres.
     """
 
     scopes: list[Scope] = field(default_factory=list)
     leaves: list[int] = field(default_factory=list)
+    replicas: list[str] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)
     cached_tokens: list[int] = field(default_factory=list)
@@ -179,6 +182,7 @@ def _fold_requests(batch: IngestBatch, events: list[RequestObserved], stored: Se
     columns = batch.requests
     scopes = columns.scopes = [(e.tenant, e.model.name, e.prompt_rev) for e in events]
     leaves = columns.leaves = [e.chain[-1] for e in events]
+    columns.replicas = [e.replica for e in events]
     columns.seconds = [_timestamp(e.occurred_at) for e in events]
     columns.prompt_tokens = [e.prompt_tokens for e in events]
     columns.cached_tokens = [e.cached_tokens for e in events]

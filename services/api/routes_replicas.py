@@ -1,0 +1,112 @@
+"""Replica endpoints: state, the latest plan's progress, and the hit rate of the requests each served
+over a window. Every token may read replicas; a tenant token's hit figures count only its tenant's
+requests (`Principal.tenant_scope`), so they say nothing about other tenants' traffic."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+import asyncpg
+from fastapi import APIRouter, HTTPException, Path, Query
+
+from warmplane.services.api import figures
+from warmplane.services.api.deps import Caller, Deps
+from warmplane.services.api.routes_read import ERRORS, ModelQ, TenantQ, WindowQ
+from warmplane.services.api.schemas import (
+    PlanSummary,
+    Problem,
+    Replica,
+    ReplicaDetail,
+    ReplicaHits,
+    ReplicaState,
+    Transition,
+)
+
+router = APIRouter(prefix="/v1", responses=ERRORS)
+_SUMS = ("requests", "cold_requests", "prompt_tokens", "cached_tokens", "ttft_ms_sum", "ttft_count")
+_NO_TRAFFIC = (0, 0, 0, 0, 0.0, 0)
+
+
+@router.get("/replicas", response_model=list[Replica])
+async def replicas(
+    deps: Deps,
+    caller: Caller,
+    *,
+    model: ModelQ = None,
+    state: Annotated[ReplicaState | None, Query()] = None,
+    tenant: TenantQ = None,
+    window_s: WindowQ = None,
+) -> list[Replica]:
+    """Replicas with their state, latest plan's progress and the window's hit rate."""
+    scoped = caller.tenant_scope(tenant)
+    rows = await deps.read.replicas(model, state)
+    span = deps.window(window_s)
+    hits = await deps.read.replica_hits([row["replica_id"] for row in rows], span.since_bucket, scoped)
+    return [_replica(row, hits.get(row["replica_id"]), span) for row in rows]
+
+
+@router.get("/replicas/{replica_id:path}", response_model=ReplicaDetail, responses={404: {"model": Problem}})
+async def replica(
+    deps: Deps,
+    caller: Caller,
+    replica_id: Annotated[str, Path(min_length=1, max_length=128)],
+    *,
+    tenant: TenantQ = None,
+    window_s: WindowQ = None,
+) -> ReplicaDetail:
+    """One replica, the window's hit rate and its last 50 state transitions."""
+    scoped = caller.tenant_scope(tenant)
+    rows = await deps.read.replicas(replica=replica_id)
+    if not rows:
+        raise HTTPException(404, f"no replica {replica_id!r}")
+    span = deps.window(window_s)
+    hits = await deps.read.replica_hits([replica_id], span.since_bucket, scoped)
+    transitions = [Transition(**dict(t)) for t in await deps.read.transitions(replica_id, 50)]
+    return ReplicaDetail(
+        **_replica(rows[0], hits.get(replica_id), span).model_dump(), transitions=transitions
+    )
+
+
+def _hits(sums: asyncpg.Record | None, span: figures.Window) -> ReplicaHits:
+    """The window's figures from a replica's sums (None: it served no request counted here)."""
+    requests, cold, prompt, cached, ttft_sum, ttft_count = (
+        _NO_TRAFFIC if sums is None else (sums[column] for column in _SUMS)
+    )
+    return ReplicaHits(
+        since=datetime.fromtimestamp(span.start_s, UTC),
+        requests=requests,
+        cold_requests=cold,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        prefix_hit_ratio=figures.ratio(cached, prompt),
+        cold_start_ratio=figures.ratio(cold, requests),
+        mean_ttft_ms=figures.ratio(ttft_sum, ttft_count),
+    )
+
+
+def _replica(row: asyncpg.Record, sums: asyncpg.Record | None, span: figures.Window) -> Replica:
+    latest = None
+    if row["plan_id"] is not None:
+        latest = PlanSummary(
+            plan_id=row["plan_id"],
+            state=row["plan_state"],
+            epoch=row["plan_epoch"],
+            items=row["plan_items"],
+            items_done=row["items_done"],
+            verified_hits=row["verified_hits"],
+            tokens_prefilled=row["tokens_prefilled"],
+            issued_at=row["issued_at"],
+            deadline=row["deadline"],
+            finished_at=row["finished_at"],
+        )
+    return Replica(
+        replica=row["replica_id"],
+        **{
+            k: row[k]
+            for k in ("node", "model", "model_revision", "endpoint", "state", "state_since", "reason")
+        },
+        kv_capacity_tokens=row["kv_capacity_tokens"],
+        latest_plan=latest,
+        hits=_hits(sums, span),
+    )
