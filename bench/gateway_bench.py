@@ -2,6 +2,7 @@
 `vllm-router` (the Rust router from PyPI) on the same upstream, in the same run. Run:
 
     python -m bench.gateway_bench [--requests 300] [--concurrency 8] [--seconds 8] [--router PATH]
+                                  [--base-python PATH]
 
 It starts the embedded vLLM (CPU build, tiny model, one core), the embedded broker (the gateway's events
 go to it, as in production), the gateway as its own process (`python -m warmplane.services.gateway`,
@@ -11,6 +12,8 @@ cached after the first call) sent `--requests` times to each target in turn, one
 (whole answer) and streamed (time to the first byte). Added latency is a target's median minus the
 engine's median. (2) Throughput: `--concurrency` requests in flight for `--seconds` per target.
 All processes share this machine's cores: the numbers include that contention, for every target alike.
+`--base-python` adds a second gateway (another checkout's, in its own virtualenv) as `gateway-base`,
+interleaved with the rest: on a noisy machine the only fair before/after comparison.
 """
 
 from __future__ import annotations
@@ -46,9 +49,12 @@ def _answers(url: str, path: str, headers: dict[str, str]) -> bool:
 
 
 @contextmanager
-def gateway_process(workdir: Path, engine: EmbeddedVllm, kafka: EmbeddedKafka) -> Iterator[str]:
+def gateway_process(
+    workdir: Path, replica_url: str, model: str, kafka: EmbeddedKafka, *, python: str = sys.executable
+) -> Iterator[str]:
+    """The gateway as its own process (run by `python`), over one static replica at `replica_url`."""
     port = free_port()
-    replica = {"replica": "r0", "url": engine.base_url, "model": engine.model_name}
+    replica = {"replica": "r0", "url": replica_url, "model": model}
     env = {
         **os.environ,
         "WARMPLANE_STATIC_REPLICAS": json.dumps([replica]),
@@ -60,8 +66,8 @@ def gateway_process(workdir: Path, engine: EmbeddedVllm, kafka: EmbeddedKafka) -
         "WARMPLANE_GATEWAY__BLOCK_SIZE": str(BLOCK_SIZE),
         "WARMPLANE_LOG_LEVEL": "WARNING",
     }
-    argv = [sys.executable, "-m", "warmplane.services.gateway"]
-    proc = start_process(argv, workdir / "gateway.log", env=env)
+    argv = [python, "-m", "warmplane.services.gateway"]
+    proc = start_process(argv, workdir / f"gateway-{port}.log", env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(
@@ -150,10 +156,11 @@ def report(title: str, samples: dict[str, list[float]]) -> None:
         p50 = statistics.median(values)
         p90 = statistics.quantiles(values, n=10)[-1]
         print(f"{name:<12}{p50:>9.2f}{p90:>9.2f}{p50 - direct:>12.2f}")
-    if "vllm-router" in samples:
-        ours = statistics.median(samples["gateway"]) - direct
-        theirs = statistics.median(samples["vllm-router"]) - direct
-        print(f"gateway added / vllm-router added: {ours / theirs:.2f}" if theirs > 0 else "")
+    theirs = statistics.median(samples["vllm-router"]) - direct if "vllm-router" in samples else 0.0
+    for name in ("gateway", "gateway-base"):
+        if name in samples and theirs > 0:
+            ours = statistics.median(samples[name]) - direct
+            print(f"{name} added / vllm-router added: {ours / theirs:.2f}")
 
 
 def main() -> None:
@@ -164,15 +171,36 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--router", default=shutil.which("vllm-router"), help="the vllm-router binary")
+    parser.add_argument(
+        "--engine-timeout", type=float, default=300.0, help="seconds vLLM may take to start (a busy machine)"
+    )
+    parser.add_argument(
+        "--base-python",
+        help="also run the gateway with this interpreter as `gateway-base` (the Python of a virtualenv "
+        "with another checkout installed, e.g. main's): an A/B comparison within one run",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="warmplane-gateway-bench-") as folder, ExitStack() as stack:
         workdir = Path(folder)
-        engine = stack.enter_context(EmbeddedVllm(workdir / "vllm", ensure_tiny_model(), omp_threads_bind=0))
+        engine = stack.enter_context(
+            EmbeddedVllm(
+                workdir / "vllm",
+                ensure_tiny_model(),
+                omp_threads_bind=0,
+                start_timeout_s=args.engine_timeout,
+            )
+        )
         kafka = stack.enter_context(EmbeddedKafka(workdir / "kafka"))
         targets = {
             "engine": engine.base_url,
-            "gateway": stack.enter_context(gateway_process(workdir, engine, kafka)),
+            "gateway": stack.enter_context(
+                gateway_process(workdir, engine.base_url, engine.model_name, kafka)
+            ),
         }
+        if args.base_python:
+            targets["gateway-base"] = stack.enter_context(
+                gateway_process(workdir, engine.base_url, engine.model_name, kafka, python=args.base_python)
+            )
         if args.router:
             targets["vllm-router"] = stack.enter_context(router_process(workdir, args.router, engine))
         else:
