@@ -199,7 +199,7 @@ class Proxy:
             status = {"complete": 200, "broken": 502, "abandoned": 499}[outcome]
             self._finish(job.tenant, request.model, request.kind, status, job.started, code=outcome)
             if ttft is not None:
-                self._metrics.ttft.labels(job.tenant, request.model).observe(ttft)
+                self._metrics.pair(job.tenant, request.model).ttft.observe(ttft)
             if outcome == "broken":
                 self._eject(replica, "mid_stream")
             elif outcome == "complete":
@@ -233,20 +233,21 @@ class Proxy:
         )
 
     def _acquire(self, replica: str) -> None:
-        self._metrics.in_flight.labels(replica).set(self._router.acquire(replica))
+        self._metrics.in_flight_of(replica).set(self._router.acquire(replica))
 
     def _release(self, replica: str) -> None:
-        self._metrics.in_flight.labels(replica).set(self._router.release(replica))
+        self._metrics.in_flight_of(replica).set(self._router.release(replica))
 
     def _eject(self, replica: Replica, reason: str) -> None:
         self._router.membership.eject(replica.name, self._wall() + self._routing.eject_s)
         self._metrics.ejections.labels(replica.name, reason).inc()
 
     def _finish(self, tenant: str, model: str, kind: Kind, status: int, started: float, *, code: str) -> None:
-        self._metrics.requests.labels(tenant, model, kind, str(status)).inc()
-        self._metrics.latency.labels(tenant, model).observe(self._monotonic() - started)
+        pair = self._metrics.pair(tenant, model)
+        pair.requests(kind, status).inc()
+        pair.latency.observe(self._monotonic() - started)
         if status >= 400:
-            self._metrics.errors.labels(tenant, model, code).inc()
+            pair.errors(code).inc()
 
 
 def error_response(error: ApiError) -> Response:
