@@ -10,7 +10,10 @@ Contracts:
 - A replica that refused connections, broke the protocol or died mid-stream is ejected from the ring
   for `eject_s` (or until it reports ready again). A stream that dies gets one final SSE error event,
   then ends: the client is never left hanging.
-- In-flight counts (the ring's load bound) cover a request from its first attempt to its last byte.
+- In-flight counts (the ring's load bound) cover a request from its first attempt to its last byte
+  from the replica.
+- A request's event and metrics are recorded after its answer went to the server (a whole answer:
+  once its bytes were handed over; a stream: once it ended), so the client never waits for them.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from warmplane.services.gateway import errors
 from warmplane.services.gateway.errors import SERVER, ApiError
@@ -185,11 +189,14 @@ class Proxy:
             await upstream.close()
             self._release(replica.name)
         status = upstream.status
-        if status == 200:
-            self._observe(job, replica, route, _usage_of(content), None)
+
+        def settle() -> None:
+            if status == 200:
+                self._observe(job, replica, route, _usage_of(content), None)
+            self._finish(job.tenant, request.model, request.kind, status, job.started, code=str(status))
+
         headers = {REPLICA_HEADER: replica.name}
-        self._finish(job.tenant, request.model, request.kind, status, job.started, code=str(status))
-        return Response(content, status_code=status, headers=headers, media_type=upstream.content_type)
+        return SettledResponse(content, status, headers, upstream.content_type, settle=settle)
 
     def _relay(self, job: _Job, replica: Replica, route: str, upstream: UpstreamResponse) -> Response:
         request = job.request
@@ -248,6 +255,29 @@ class Proxy:
         pair.latency.observe(self._monotonic() - started)
         if status >= 400:
             pair.errors(code).inc()
+
+
+class SettledResponse(Response):
+    """A whole answer that calls `settle()` once it was handed to the server, or failed to be: the
+    request's event and metrics cost the client nothing."""
+
+    def __init__(
+        self,
+        content: bytes,
+        status: int,
+        headers: dict[str, str],
+        media_type: str | None,
+        *,
+        settle: Callable[[], None],
+    ) -> None:
+        super().__init__(content, status_code=status, headers=headers, media_type=media_type)
+        self._settle = settle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._settle()
 
 
 def error_response(error: ApiError) -> Response:
