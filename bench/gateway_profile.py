@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -67,13 +67,13 @@ class _Canned:
 
     def __init__(self, stream: bool) -> None:
         self.status = 200
-        self.content_type = "text/event-stream" if stream else "application/json"
+        self.content_type: str | None = "text/event-stream" if stream else "application/json"
         self._chunks = STREAM if stream else [ANSWER]
 
     async def read(self) -> bytes:
         return b"".join(self._chunks)
 
-    async def iter_raw(self) -> Any:
+    async def iter_raw(self) -> AsyncIterator[bytes]:
         for chunk in self._chunks:
             yield chunk
 
@@ -290,7 +290,7 @@ def run_stack(requests: int, py_spy_out: str | None, pythons: dict[str, str]) ->
     print(f"stack: {requests} requests each, ms")
     for name, values in samples.items():
         p50, p90 = statistics.median(values), statistics.quantiles(values, n=10)[-1]
-        cpu = f"  CPU per request {cpu_ms[name]:.3f}" if name in cpu_ms else ""
+        cpu = "  CPU per request {:.3f} user {:.3f} system".format(*cpu_ms[name]) if name in cpu_ms else ""
         print(f"  {name:<13} p50 {p50:.3f}  p90 {p90:.3f}  added p50 {p50 - direct:.3f}{cpu}")
     if py_spy_out:
         _summarise(Path(py_spy_out))
@@ -298,12 +298,12 @@ def run_stack(requests: int, py_spy_out: str | None, pythons: dict[str, str]) ->
 
 def _measure(
     clients: dict[str, _RawClient], pids: dict[str, int], requests: int
-) -> tuple[dict[str, list[float]], dict[str, float]]:
+) -> tuple[dict[str, list[float]], dict[str, tuple[float, float]]]:
     """Milliseconds per request and target (the targets interleaved, 200 unmeasured rounds first),
     and each gateway's CPU (user + system, all its threads) per measured request."""
     samples: dict[str, list[float]] = {name: [] for name in clients}
     names = list(clients)
-    cpu_before: dict[str, float] = {}
+    cpu_before: dict[str, tuple[float, float]] = {}
     for i in range(requests + 200):
         if i == 200:
             cpu_before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
@@ -311,14 +311,19 @@ def _measure(
             took = clients[name].post()
             if i >= 200:
                 samples[name].append(took)
-    cpu_ms = {name: (_cpu_seconds(pid) - cpu_before[name]) * 1000 / requests for name, pid in pids.items()}
+    cpu_ms = {}
+    for name, pid in pids.items():
+        after = _cpu_seconds(pid)
+        user, system = (1000 * (a - b) / requests for a, b in zip(after, cpu_before[name], strict=True))
+        cpu_ms[name] = (user, system)
     return samples, cpu_ms
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User plus system CPU seconds `pid` has used (all its threads), from /proc."""
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds `pid` has used (all its threads), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _start_py_spy(pid: int, out: str) -> subprocess.Popen[bytes]:
@@ -334,13 +339,14 @@ def _summarise(path: Path, top: int = 40) -> None:
     inclusive: Counter[str] = Counter()
     total = 0
     for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
+        stack, _, samples = line.rpartition(" ")
         frames = stack.split(";")
-        if frames[-1].startswith(("select (", "poll (", "run_forever (")):
+        # Waiting for events: asyncio's selector, or uvloop's C loop (its frame is `Runner.run`).
+        if frames[-1].startswith(("select (", "EpollSelector.select (", "poll (", "Runner.run (")):
             continue
-        total += int(count)
+        total += int(samples)
         for frame in set(frames):
-            inclusive[frame] += int(count)
+            inclusive[frame] += int(samples)
     print(f"\npy-spy: {total} busy samples; frames by inclusive share")
     for frame, count in inclusive.most_common(top):
         print(f"  {100 * count / total:5.1f}%  {frame}")
