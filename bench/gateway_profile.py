@@ -9,7 +9,7 @@ usage: the CPU the serving path itself spends per request (routing, decoding, th
 events, metrics, the ASGI response), in microseconds. `--cprofile` prints where it goes.
 
 `stack` runs what the real benchmark runs, with a stub in vLLM's place: a stub replica (a raw asyncio
-HTTP server in its own process, answering a canned completion at once), the embedded broker, and the
+HTTP server in its own process, `bench/gateway_stub.py`, answering at once), the embedded broker, and the
 gateway as its own process (`python -m warmplane.services.gateway`, uvloop when installed). A
 keep-alive raw-socket client sends the bench's body `--requests` times to the stub directly and through
 the gateway, interleaved; the added p50 is the gateway's median minus the stub's. `--py-spy OUT` samples
@@ -26,40 +26,33 @@ import cProfile
 import os
 import pstats
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from pydantic import SecretStr
 
-from bench.gateway_bench import KEY, PROMPT, gateway_process
+from bench.gateway_bench import KEY, gateway_process
+from bench.gateway_stub import ANSWER, BODY, MODEL, USAGE, RawClient, stub_process
 from warmplane.services.gateway.app import bootstrap
 from warmplane.services.gateway.membership import Replica, static_membership
 from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.shared.embedded import EmbeddedKafka
-from warmplane.shared.embedded.processes import free_port, start_process, stop_process_group, wait_for_port
 from warmplane.shared.events import Event
 
-MODEL = "tiny"
-USAGE = {"prompt_tokens": 161, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 160}}
-ANSWER = msgspec.json.encode(
-    {"id": "cmpl-1", "object": "text_completion", "model": MODEL, "choices": [{"text": "x"}], "usage": USAGE}
-)
 STREAM = [
     b'data: {"id":"c1","choices":[{"index":0,"text":"x"}]}\n\n',
     b'data: {"id":"c1","choices":[],"usage":' + msgspec.json.encode(USAGE) + b"}\n\n",
     b"data: [DONE]\n\n",
 ]
-BODY = msgspec.json.encode({"model": MODEL, "prompt": PROMPT, "max_tokens": 1, "temperature": 0})
 
 
 class _Canned:
@@ -179,88 +172,6 @@ def _app_run_sync(requests: int, stream: bool, profile: cProfile.Profile | None)
     return asyncio.run(_app_run(requests, stream, profile))
 
 
-async def _stub_replica(port: int) -> None:
-    """An HTTP/1.1 keep-alive server answering every request with `ANSWER` (no body parsing beyond
-    Content-Length)."""
-    response = (
-        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-        + str(len(ANSWER)).encode()
-        + b"\r\n\r\n"
-        + ANSWER
-    )
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = _content_length(head)
-                if length:
-                    await reader.readexactly(length)
-                writer.write(response)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", port)
-    async with server:
-        await server.serve_forever()
-
-
-def _content_length(head: bytes) -> int:
-    for line in head.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return int(value)
-    return 0
-
-
-class _RawClient:
-    """One keep-alive connection; `post` returns once the whole (Content-Length) answer is read."""
-
-    def __init__(self, port: int) -> None:
-        self._sock = socket.create_connection(("127.0.0.1", port))
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._request = (
-            b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-            + f"authorization: Bearer {KEY}\r\ncontent-length: {len(BODY)}\r\n\r\n".encode()
-            + BODY
-        )
-
-    def post(self) -> float:
-        started = time.perf_counter()
-        self._sock.sendall(self._request)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += self._recv()
-        head, _, rest = data.partition(b"\r\n\r\n")
-        if not head.startswith(b"HTTP/1.1 200"):
-            raise RuntimeError(f"unexpected answer: {head[:200]!r}")
-        length = _content_length(head)
-        while len(rest) < length:
-            rest += self._recv()
-        return (time.perf_counter() - started) * 1000
-
-    def _recv(self) -> bytes:
-        chunk = self._sock.recv(65536)
-        if not chunk:
-            raise RuntimeError("the connection closed")
-        return chunk
-
-    def close(self) -> None:
-        self._sock.close()
-
-
-@contextmanager
-def stub_process(workdir: Path) -> Iterator[str]:
-    port = free_port()
-    argv = [sys.executable, "-m", "bench.gateway_profile", "_stub", "--port", str(port)]
-    proc = start_process(argv, workdir / "stub.log", cwd=Path(__file__).resolve().parents[1])
-    try:
-        wait_for_port("127.0.0.1", port, timeout_s=30, what="the stub replica", proc=proc)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop_process_group(proc, 5)
-
-
 def _gateway_pid(port: int) -> int:
     """The pid listening on `port` (the gateway's), from /proc: the bench starts it in its own group."""
     out = subprocess.run(["ss", "-Htlnp", f"sport = :{port}"], capture_output=True, text=True, check=True)
@@ -277,7 +188,7 @@ def run_stack(requests: int, py_spy_out: str | None, pythons: dict[str, str]) ->
         for name, python in pythons.items():
             urls[name] = stack.enter_context(gateway_process(workdir, stub_url, MODEL, kafka, python=python))
         ports = {name: int(url.rsplit(":", 1)[1]) for name, url in urls.items()}
-        clients = {name: _RawClient(port) for name, port in ports.items()}
+        clients = {name: RawClient(port) for name, port in ports.items()}
         pids = {name: _gateway_pid(ports[name]) for name in pythons}
         spy = _start_py_spy(next(iter(pids.values())), py_spy_out) if py_spy_out else None
         samples, cpu_ms = _measure(clients, pids, requests)
@@ -297,7 +208,7 @@ def run_stack(requests: int, py_spy_out: str | None, pythons: dict[str, str]) ->
 
 
 def _measure(
-    clients: dict[str, _RawClient], pids: dict[str, int], requests: int
+    clients: dict[str, RawClient], pids: dict[str, int], requests: int
 ) -> tuple[dict[str, list[float]], dict[str, tuple[float, float]]]:
     """Milliseconds per request and target (the targets interleaved, 200 unmeasured rounds first),
     and each gateway's CPU (user + system, all its threads) per measured request."""
@@ -356,7 +267,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("mode", choices=["app", "stack", "_stub"])
+    parser.add_argument("mode", choices=["app", "stack"])
     parser.add_argument("--requests", type=int, default=None)
     parser.add_argument("--stream", action="store_true", help="app: a streamed answer")
     parser.add_argument("--cprofile", action="store_true", help="app: print cProfile's tables")
@@ -365,11 +276,8 @@ def main() -> None:
         "--python", default=sys.executable, help="stack: the gateway's interpreter (another checkout's venv)"
     )
     parser.add_argument("--base-python", help="stack: also measure a gateway run by this interpreter")
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.mode == "_stub":
-        asyncio.run(_stub_replica(args.port))
-    elif args.mode == "app":
+    if args.mode == "app":
         run_app(args.requests or 5000, args.stream, args.cprofile)
     else:
         os.environ.setdefault("WARMPLANE_LOG_LEVEL", "WARNING")
