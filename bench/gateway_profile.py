@@ -14,8 +14,12 @@ gateway as its own process (`python -m warmplane.services.gateway`, uvloop when 
 keep-alive raw-socket client sends the bench's body `--requests` times to the stub directly and through
 the gateway, interleaved; the added p50 is the gateway's median minus the stub's. `--py-spy OUT` samples
 the gateway process meanwhile (py-spy must be on the PATH or beside this Python) and writes collapsed
-stacks to OUT, then prints the frames holding the most samples. `bench.gateway_bench` remains the
-measure the issue's targets are stated in: this one isolates the gateway from the engine's noise.
+stacks to OUT, then prints the frames holding the most samples. `--base-python` adds a second
+gateway run by another interpreter (a virtualenv with another checkout installed), interleaved: the
+before/after that a busy machine still allows. `--python` picks the first one's. CPU per request
+is read from /proc; on a loaded VM it counts waits for the CPU too, so compare it only within a run.
+`bench.gateway_bench` remains the measure the issue's targets are stated in: this one isolates the
+gateway from the engine's noise.
 """
 
 from __future__ import annotations
