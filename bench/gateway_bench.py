@@ -163,7 +163,7 @@ def report(title: str, samples: dict[str, list[float]]) -> None:
             print(f"{name} added / vllm-router added: {ours / theirs:.2f}")
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -179,32 +179,37 @@ def main() -> None:
         help="also run the gateway with this interpreter as `gateway-base` (the Python of a virtualenv "
         "with another checkout installed, e.g. main's): an A/B comparison within one run",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def _targets(
+    stack: ExitStack, workdir: Path, engine: EmbeddedVllm, args: argparse.Namespace
+) -> dict[str, str]:
+    """Each target's base URL by name, its process started on `stack`."""
+    kafka = stack.enter_context(EmbeddedKafka(workdir / "kafka"))
+    url, model = engine.base_url, engine.model_name
+    targets = {"engine": url, "gateway": stack.enter_context(gateway_process(workdir, url, model, kafka))}
+    if args.base_python:
+        targets["gateway-base"] = stack.enter_context(
+            gateway_process(workdir, url, model, kafka, python=args.base_python)
+        )
+    if args.router:
+        targets["vllm-router"] = stack.enter_context(router_process(workdir, args.router, engine))
+    else:
+        print("vllm-router not found (pip install vllm-router, or --router PATH): engine only")
+    return targets
+
+
+def main() -> None:
+    args = _arguments()
     with tempfile.TemporaryDirectory(prefix="warmplane-gateway-bench-") as folder, ExitStack() as stack:
         workdir = Path(folder)
         engine = stack.enter_context(
             EmbeddedVllm(
-                workdir / "vllm",
-                ensure_tiny_model(),
-                omp_threads_bind=0,
-                start_timeout_s=args.engine_timeout,
+                workdir / "vllm", ensure_tiny_model(), omp_threads_bind=0, start_timeout_s=args.engine_timeout
             )
         )
-        kafka = stack.enter_context(EmbeddedKafka(workdir / "kafka"))
-        targets = {
-            "engine": engine.base_url,
-            "gateway": stack.enter_context(
-                gateway_process(workdir, engine.base_url, engine.model_name, kafka)
-            ),
-        }
-        if args.base_python:
-            targets["gateway-base"] = stack.enter_context(
-                gateway_process(workdir, engine.base_url, engine.model_name, kafka, python=args.base_python)
-            )
-        if args.router:
-            targets["vllm-router"] = stack.enter_context(router_process(workdir, args.router, engine))
-        else:
-            print("vllm-router not found (pip install vllm-router, or --router PATH): engine only")
+        targets = _targets(stack, workdir, engine, args)
         report(
             "Non-streamed, whole answer", latencies(targets, engine.model_name, args.requests, stream=False)
         )
