@@ -2,6 +2,7 @@
 `vllm-router` (the Rust router from PyPI) on the same upstream, in the same run. Run:
 
     python -m bench.gateway_bench [--requests 300] [--concurrency 8] [--seconds 8] [--router PATH]
+                                  [--base-python PATH]
 
 It starts the embedded vLLM (CPU build, tiny model, one core), the embedded broker (the gateway's events
 go to it, as in production), the gateway as its own process (`python -m warmplane.services.gateway`,
@@ -11,6 +12,8 @@ cached after the first call) sent `--requests` times to each target in turn, one
 (whole answer) and streamed (time to the first byte). Added latency is a target's median minus the
 engine's median. (2) Throughput: `--concurrency` requests in flight for `--seconds` per target.
 All processes share this machine's cores: the numbers include that contention, for every target alike.
+`--base-python` adds a second gateway (another checkout's, in its own virtualenv) as `gateway-base`,
+interleaved with the rest: on a noisy machine the only fair before/after comparison.
 """
 
 from __future__ import annotations
@@ -47,10 +50,18 @@ def _answers(url: str, path: str, headers: dict[str, str]) -> bool:
 
 @contextmanager
 def gateway_process(
-    workdir: Path, engine: EmbeddedVllm, kafka: EmbeddedKafka, *, extra_env: dict[str, str] | None = None
+    workdir: Path,
+    replica_url: str,
+    model: str,
+    kafka: EmbeddedKafka,
+    *,
+    python: str = sys.executable,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[str]:
+    """The gateway as its own process (run by `python`), over one static replica at `replica_url`;
+    `extra_env` adds settings (the result cache's bench turns the cache on)."""
     port = free_port()
-    replica = {"replica": "r0", "url": engine.base_url, "model": engine.model_name}
+    replica = {"replica": "r0", "url": replica_url, "model": model}
     env = {
         **os.environ,
         "WARMPLANE_STATIC_REPLICAS": json.dumps([replica]),
@@ -63,8 +74,8 @@ def gateway_process(
         "WARMPLANE_LOG_LEVEL": "WARNING",
         **(extra_env or {}),
     }
-    argv = [sys.executable, "-m", "warmplane.services.gateway"]
-    proc = start_process(argv, workdir / "gateway.log", env=env)
+    argv = [python, "-m", "warmplane.services.gateway"]
+    proc = start_process(argv, workdir / f"gateway-{port}.log", env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(
@@ -153,13 +164,14 @@ def report(title: str, samples: dict[str, list[float]]) -> None:
         p50 = statistics.median(values)
         p90 = statistics.quantiles(values, n=10)[-1]
         print(f"{name:<12}{p50:>9.2f}{p90:>9.2f}{p50 - direct:>12.2f}")
-    if "vllm-router" in samples:
-        ours = statistics.median(samples["gateway"]) - direct
-        theirs = statistics.median(samples["vllm-router"]) - direct
-        print(f"gateway added / vllm-router added: {ours / theirs:.2f}" if theirs > 0 else "")
+    theirs = statistics.median(samples["vllm-router"]) - direct if "vllm-router" in samples else 0.0
+    for name in ("gateway", "gateway-base"):
+        if name in samples and theirs > 0:
+            ours = statistics.median(samples[name]) - direct
+            print(f"{name} added / vllm-router added: {ours / theirs:.2f}")
 
 
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -167,19 +179,45 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--router", default=shutil.which("vllm-router"), help="the vllm-router binary")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--engine-timeout", type=float, default=300.0, help="seconds vLLM may take to start (a busy machine)"
+    )
+    parser.add_argument(
+        "--base-python",
+        help="also run the gateway with this interpreter as `gateway-base` (the Python of a virtualenv "
+        "with another checkout installed, e.g. main's): an A/B comparison within one run",
+    )
+    return parser.parse_args()
+
+
+def _targets(
+    stack: ExitStack, workdir: Path, engine: EmbeddedVllm, args: argparse.Namespace
+) -> dict[str, str]:
+    """Each target's base URL by name, its process started on `stack`."""
+    kafka = stack.enter_context(EmbeddedKafka(workdir / "kafka"))
+    url, model = engine.base_url, engine.model_name
+    targets = {"engine": url, "gateway": stack.enter_context(gateway_process(workdir, url, model, kafka))}
+    if args.base_python:
+        targets["gateway-base"] = stack.enter_context(
+            gateway_process(workdir, url, model, kafka, python=args.base_python)
+        )
+    if args.router:
+        targets["vllm-router"] = stack.enter_context(router_process(workdir, args.router, engine))
+    else:
+        print("vllm-router not found (pip install vllm-router, or --router PATH): engine only")
+    return targets
+
+
+def main() -> None:
+    args = _arguments()
     with tempfile.TemporaryDirectory(prefix="warmplane-gateway-bench-") as folder, ExitStack() as stack:
         workdir = Path(folder)
-        engine = stack.enter_context(EmbeddedVllm(workdir / "vllm", ensure_tiny_model(), omp_threads_bind=0))
-        kafka = stack.enter_context(EmbeddedKafka(workdir / "kafka"))
-        targets = {
-            "engine": engine.base_url,
-            "gateway": stack.enter_context(gateway_process(workdir, engine, kafka)),
-        }
-        if args.router:
-            targets["vllm-router"] = stack.enter_context(router_process(workdir, args.router, engine))
-        else:
-            print("vllm-router not found (pip install vllm-router, or --router PATH): engine only")
+        engine = stack.enter_context(
+            EmbeddedVllm(
+                workdir / "vllm", ensure_tiny_model(), omp_threads_bind=0, start_timeout_s=args.engine_timeout
+            )
+        )
+        targets = _targets(stack, workdir, engine, args)
         report(
             "Non-streamed, whole answer", latencies(targets, engine.model_name, args.requests, stream=False)
         )

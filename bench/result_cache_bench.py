@@ -91,7 +91,8 @@ def main() -> None:
             "WARMPLANE_REDIS__URL": redis.url,
             "WARMPLANE_POSTGRES__URL": postgres.asyncpg_dsn,
         }
-        url = stack.enter_context(gateway_process(workdir, engine, kafka, extra_env=cache))
+        gateway = gateway_process(workdir, engine.base_url, engine.model_name, kafka, extra_env=cache)
+        url = stack.enter_context(gateway)
         report(rounds(url, engine.model_name, args.requests, args.max_tokens))
 
 

@@ -4,6 +4,11 @@ Binding first means port 0 gets a free port that is known (`port`) before anyone
 socket is made with `IPPROTO_TCP`, not the default 0: asyncio sets TCP_NODELAY only on accepted
 sockets whose protocol says TCP, and without it Nagle held each response's body behind its headers
 for a delayed ACK (measured: 44 ms on every request).
+
+`coalesce_writes=True` (the gateway) sends a response's head and its first body bytes in one write:
+uvicorn writes them apart, and on loopback each write wakes the client once more (on 2 cores about a
+tenth of the gateway's busy time went to the head's own write). A write is held until the next one
+or the end of the current event-loop step, whichever comes first, so nothing waits longer than that.
 """
 
 from __future__ import annotations
@@ -11,17 +16,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 class AsgiServer:
     """`app` on `host:port`; `start` returns once it accepts connections, `stop` waits at most
     `stop_timeout_s` for requests in flight."""
 
-    def __init__(self, app: ASGIApp, host: str, port: int, *, name: str, stop_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        host: str,
+        port: int,
+        *,
+        name: str,
+        stop_timeout_s: float = 5.0,
+        coalesce_writes: bool = False,
+    ) -> None:
         self._app = app
+        self._http: type[asyncio.Protocol] | str = _CoalescingHttpTools if coalesce_writes else "auto"
         self._host = host
         self._port = port
         self._name = name
@@ -43,7 +60,9 @@ class AsgiServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self._host, self._port))
         self._socket = sock
-        config = uvicorn.Config(self._app, log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn.Config(
+            self._app, http=self._http, log_level="warning", access_log=False, lifespan="off"
+        )
         server = self._server = uvicorn.Server(config)
         task = self._task = asyncio.create_task(server.serve(sockets=[sock]), name=f"{self._name} http")
         while not server.started:
@@ -68,3 +87,38 @@ class AsgiServer:
             await asyncio.shield(self._task)
         finally:
             await self.stop()
+
+
+class _HeldWrites:
+    """`transport`, except that a write waits for the next one (then both go as one) or for the end
+    of the loop step; `close()` sends what is held first."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._held is None:
+            self._held = bytes(data)
+            self._loop.call_soon(self._release)
+        else:
+            held, self._held = self._held, None
+            self._transport.write(held + data)
+
+    def _release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self._release()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class _CoalescingHttpTools(HttpToolsProtocol):
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_HeldWrites(transport, self.loop))  # type: ignore[arg-type]

@@ -33,7 +33,7 @@ async def _run(settings: GatewaySettings) -> None:
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, None]], None]:
-    """uvloop's runner when it is installed (`uvicorn[standard]` brings it), else asyncio's."""
+    """uvloop's runner when it is installed (a dependency of the project), else asyncio's."""
     if importlib.util.find_spec("uvloop") is None:
         return asyncio.run
     runner: Callable[[Coroutine[Any, Any, None]], None] = importlib.import_module("uvloop").run

@@ -6,6 +6,10 @@ or `-` (unknown to the gateway), `replica` a member of the fleet. The cached-tok
 per-request histogram of it. The result cache's hit rate (the seed documents' "semantic hit rate") is
 `sum(rate(warmplane_gateway_result_lookups_total{outcome=~"exact|semantic"})) /
 sum(rate(warmplane_gateway_result_lookups_total))` per tenant and model.
+
+The serving path takes labelled children from `pair(tenant, model)` and `replica(name)`, which resolve
+them once per label set: `labels()` costs about 5 us a call, and a request made seven of them. The
+memo is as bounded as the labels themselves.
 """
 
 from __future__ import annotations
@@ -107,3 +111,63 @@ class GatewayMetrics:
             "Events the emitter refused (its buffer full or closed): never waited for",
             registry=registry,
         )
+
+        self._pairs: dict[tuple[str, str], PairMetrics] = {}
+        self._in_flight: dict[str, Gauge] = {}
+
+    def pair(self, tenant: str, model: str) -> PairMetrics:
+        """The children labelled (tenant, model), made on first use."""
+        found = self._pairs.get((tenant, model))
+        if found is None:
+            found = self._pairs[(tenant, model)] = PairMetrics(self, tenant, model)
+        return found
+
+    def in_flight_of(self, replica: str) -> Gauge:
+        """The in-flight gauge of `replica`."""
+        found = self._in_flight.get(replica)
+        if found is None:
+            found = self._in_flight[replica] = self.in_flight.labels(replica)
+        return found
+
+
+class PairMetrics:
+    """The labelled children of one (tenant, model); `requests` and `errors` memoise theirs too."""
+
+    __slots__ = (
+        "_errors",
+        "_parent",
+        "_requests",
+        "cached_ratio",
+        "cached_tokens",
+        "cold",
+        "latency",
+        "model",
+        "prompt_tokens",
+        "tenant",
+        "ttft",
+    )
+
+    def __init__(self, metrics: GatewayMetrics, tenant: str, model: str) -> None:
+        self.tenant, self.model, self._parent = tenant, model, metrics
+        self.latency = metrics.latency.labels(tenant, model)
+        self.ttft = metrics.ttft.labels(tenant, model)
+        self.prompt_tokens = metrics.prompt_tokens.labels(tenant, model)
+        self.cached_tokens = metrics.cached_tokens.labels(tenant, model)
+        self.cached_ratio = metrics.cached_ratio.labels(tenant, model)
+        self.cold = metrics.cold.labels(tenant, model)
+        self._requests: dict[tuple[str, int], Counter] = {}
+        self._errors: dict[str, Counter] = {}
+
+    def requests(self, endpoint: str, status: int) -> Counter:
+        found = self._requests.get((endpoint, status))
+        if found is None:
+            found = self._requests[(endpoint, status)] = self._parent.requests.labels(
+                self.tenant, self.model, endpoint, str(status)
+            )
+        return found
+
+    def errors(self, code: str) -> Counter:
+        found = self._errors.get(code)
+        if found is None:
+            found = self._errors[code] = self._parent.errors.labels(self.tenant, self.model, code)
+        return found

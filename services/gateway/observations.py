@@ -132,11 +132,11 @@ class Observer:
             return
         prompt_tokens, cached = counts
         request, chain = served.request, served.chain
-        labels = (served.tenant, request.model)
-        self._metrics.prompt_tokens.labels(*labels).inc(prompt_tokens)
-        self._metrics.cached_tokens.labels(*labels).inc(cached)
+        metrics = self._metrics.pair(served.tenant, request.model)
+        metrics.prompt_tokens.inc(prompt_tokens)
+        metrics.cached_tokens.inc(cached)
         if prompt_tokens:
-            self._metrics.cached_ratio.labels(*labels).observe(cached / prompt_tokens)
+            metrics.cached_ratio.observe(cached / prompt_tokens)
         tokens = scaled_tokens(chain.tokens, prompt_tokens)
         leaf = chain.ids[-1]
         payload = payload_of(request, leaf) if self._payloads.first_time(leaf) else None
@@ -163,7 +163,7 @@ class Observer:
             )
         )
         if cacheable(tokens[0], prompt_tokens, self._block_size) > cached:
-            self._metrics.cold.labels(*labels).inc()
+            metrics.cold.inc()
             depth = resident_depth(tokens, prompt_tokens, cached, self._block_size)
             self._emit(
                 PrefixMissed(event_id=self._new_id(), resident_depth=depth, cached_tokens=cached, **common)

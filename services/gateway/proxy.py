@@ -10,10 +10,13 @@ Contracts:
 - A replica that refused connections, broke the protocol or died mid-stream is ejected from the ring
   for `eject_s` (or until it reports ready again). A stream that dies gets one final SSE error event,
   then ends: the client is never left hanging.
-- In-flight counts (the ring's load bound) cover a request from its first attempt to its last byte.
+- In-flight counts (the ring's load bound) cover a request from its first attempt to its last byte
+  from the replica.
+- A request's event and metrics are recorded after its answer went to the server (a whole answer:
+  once its bytes were handed over; a stream: once it ended), so the client never waits for them.
 - With a result cache (`result_cache.py`), a request it may answer is looked up once the tenant, model
   and epoch are known; a hit is answered without a replica (`x-warmplane-cache: exact | semantic`),
-  and a miss's 200 answer is offered to the cache (`x-warmplane-cache: miss`).
+  and a miss's 200 answer is offered to the cache (`x-warmplane-cache: miss`) once it went out.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from warmplane.services.gateway import errors
 from warmplane.services.gateway.errors import SERVER, ApiError
@@ -199,14 +203,18 @@ class Proxy:
             await upstream.close()
             self._release(replica.name)
         status = upstream.status
+
+        def settle() -> None:
+            if status == 200:
+                self._observe(job, replica, route, _usage_of(content), None)
+                if job.cache is not None and self._results is not None:
+                    self._results.keep(job.cache, content)
+            self._finish(job.tenant, request.model, request.kind, status, job.started, code=str(status))
+
         headers = {REPLICA_HEADER: replica.name}
-        if status == 200:
-            self._observe(job, replica, route, _usage_of(content), None)
-            if job.cache is not None and self._results is not None:
-                self._results.keep(job.cache, content)
-                headers[CACHE_HEADER] = "miss"
-        self._finish(job.tenant, request.model, request.kind, status, job.started, code=str(status))
-        return Response(content, status_code=status, headers=headers, media_type=upstream.content_type)
+        if status == 200 and job.cache is not None:
+            headers[CACHE_HEADER] = "miss"
+        return SettledResponse(content, status, headers, upstream.content_type, settle=settle)
 
     def _from_cache(self, request: ClientRequest, tenant: str, started: float, hit: Hit) -> Response:
         self._finish(tenant, request.model, request.kind, 200, started, code="200")
@@ -220,7 +228,7 @@ class Proxy:
             status = {"complete": 200, "broken": 502, "abandoned": 499}[outcome]
             self._finish(job.tenant, request.model, request.kind, status, job.started, code=outcome)
             if ttft is not None:
-                self._metrics.ttft.labels(job.tenant, request.model).observe(ttft)
+                self._metrics.pair(job.tenant, request.model).ttft.observe(ttft)
             if outcome == "broken":
                 self._eject(replica, "mid_stream")
             elif outcome == "complete":
@@ -254,20 +262,44 @@ class Proxy:
         )
 
     def _acquire(self, replica: str) -> None:
-        self._metrics.in_flight.labels(replica).set(self._router.acquire(replica))
+        self._metrics.in_flight_of(replica).set(self._router.acquire(replica))
 
     def _release(self, replica: str) -> None:
-        self._metrics.in_flight.labels(replica).set(self._router.release(replica))
+        self._metrics.in_flight_of(replica).set(self._router.release(replica))
 
     def _eject(self, replica: Replica, reason: str) -> None:
         self._router.membership.eject(replica.name, self._wall() + self._routing.eject_s)
         self._metrics.ejections.labels(replica.name, reason).inc()
 
     def _finish(self, tenant: str, model: str, kind: Kind, status: int, started: float, *, code: str) -> None:
-        self._metrics.requests.labels(tenant, model, kind, str(status)).inc()
-        self._metrics.latency.labels(tenant, model).observe(self._monotonic() - started)
+        pair = self._metrics.pair(tenant, model)
+        pair.requests(kind, status).inc()
+        pair.latency.observe(self._monotonic() - started)
         if status >= 400:
-            self._metrics.errors.labels(tenant, model, code).inc()
+            pair.errors(code).inc()
+
+
+class SettledResponse(Response):
+    """A whole answer that calls `settle()` once it was handed to the server, or failed to be: the
+    request's event and metrics cost the client nothing."""
+
+    def __init__(
+        self,
+        content: bytes,
+        status: int,
+        headers: dict[str, str],
+        media_type: str | None,
+        *,
+        settle: Callable[[], None],
+    ) -> None:
+        super().__init__(content, status_code=status, headers=headers, media_type=media_type)
+        self._settle = settle
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._settle()
 
 
 def error_response(error: ApiError) -> Response:

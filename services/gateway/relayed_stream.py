@@ -9,6 +9,7 @@ then called, before the upstream connection is closed, so counts and in-flight l
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Literal
 
@@ -47,10 +48,41 @@ class RelayedStream(StreamingResponse):
         super().__init__(self._chunks(), headers=headers, media_type=media_type)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        spec = tuple(int(part) for part in scope.get("asgi", {}).get("spec_version", "2.0").split("."))
         try:
-            await super().__call__(scope, receive, send)
+            if spec >= (2, 4):  # the server raises OSError when a send finds the client gone
+                await super().__call__(scope, receive, send)
+            else:
+                await self._stream_watched(receive, send)
         finally:
             await self._end()
+
+    async def _stream_watched(self, receive: Receive, send: Send) -> None:
+        """Streams in this task while a watcher task waits for the client's disconnect, then cancels
+        the stream. Starlette's own (an anyio task group, the stream in a second task) cost the first
+        byte a task start and a loop step, and a streamed request about 200 us more in-process
+        (`python -m bench.gateway_profile app --stream`: 300 us a request against 500-540)."""
+        streaming = asyncio.current_task()
+        assert streaming is not None
+        state = {"done": False, "gone": False}
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not state["done"]:
+                state["gone"] = True
+                streaming.cancel()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await self.stream_response(send)
+        except asyncio.CancelledError:
+            if not state["gone"]:
+                raise
+            streaming.uncancel()
+        finally:
+            state["done"] = True
+            watcher.cancel()
 
     async def _chunks(self) -> AsyncIterator[bytes]:
         try:

@@ -179,7 +179,12 @@ class Gateway:
     async def _serve(self, parts: GatewayParts) -> None:
         options = self.settings.gateway
         self._http = AsgiServer(
-            parts.app, options.http_host, options.http_port, name="gateway", stop_timeout_s=_STOP_TIMEOUT_S
+            parts.app,
+            options.http_host,
+            options.http_port,
+            name="gateway",
+            stop_timeout_s=_STOP_TIMEOUT_S,
+            coalesce_writes=True,
         )
         await self._http.start()
 

@@ -3,6 +3,7 @@ an in-memory `Upstream`. Routing, salts, error shapes, pass-through, failover, e
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, MutableMapping
@@ -410,6 +411,51 @@ async def test_a_stream_the_client_abandons_ends_once_and_releases_its_replica()
         await stream(scope, receive, gone)
     assert ends == [("abandoned", 0.5)]
     assert upstream.closed
+
+
+class Stalling(Answer):
+    """A replica that sends its chunks, then goes silent (until the stream is cancelled)."""
+
+    async def iter_raw(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+        await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("client_leaves", [True, False])
+async def test_on_an_asgi_2_3_server_a_stream_ends_when_the_client_leaves_or_the_replica_finishes(
+    client_leaves: bool,
+) -> None:
+    chunks = sse({"id": "c1", "choices": [{"index": 0, "text": "a"}]})
+    upstream = (Stalling if client_leaves else Answer)(200, chunks[:1] if client_leaves else chunks)
+    ends: list[tuple[str, float | None]] = []
+    stream = RelayedStream(
+        upstream,
+        SseRelay(strip_usage_chunk=True),
+        started=0.0,
+        monotonic=lambda: 0.5,
+        on_end=lambda outcome, ttft: ends.append((outcome, ttft)),
+        headers={},
+    )
+    first_chunk_sent = asyncio.Event()
+    sent: list[bytes] = []
+
+    async def receive() -> dict[str, Any]:
+        await first_chunk_sent.wait()  # as uvicorn: the client's disconnect, once it happens
+        if not client_leaves:
+            await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            sent.append(message["body"])
+            first_chunk_sent.set()
+
+    scope = {"type": "http", "asgi": {"spec_version": "2.3"}, "method": "POST", "path": "/", "headers": []}
+    await asyncio.wait_for(stream(scope, receive, send), 5)
+    assert ends == [("abandoned" if client_leaves else "complete", 0.5)]
+    assert upstream.closed
+    assert sent[0] == chunks[0]
 
 
 async def test_with_routing_depth_one_a_shared_system_prompt_spreads_by_the_next_message() -> None:
