@@ -60,6 +60,10 @@ REPLICAS = 4
 """Replicas the recorded traffic is spread over in its events (by the chain's second block)."""
 COMPARED_REQUESTS = 200
 PLAN_WINDOW_MINUTES = 10
+# A plan's deadline runs from its issue, when the warmer announces the replica, so it includes the
+# engine's start-up: about 60 s for the CPU build on a quiet 2-core machine, twice that when it is busy.
+# The planner's default (120 s) then cut warming short and the replica turned ready partly warm.
+PLAN_DEADLINE_S = 600.0
 """Conversations are recency-driven: the policy reads the trace's last minutes only."""
 ROUTING_DEPTH = 1
 """The conversation trace's requests share their first block, so they are routed by their second (the
@@ -103,7 +107,7 @@ async def run_up(options: UpOptions, out: TextIO) -> None:
             kafka=kafka,
             postgres=PostgresSettings(url=SecretStr(stack.postgres.asyncpg_dsn)),
             ingest=IngestSettings(),
-            plans=PlanSettings(window_hours=PLAN_WINDOW_MINUTES / 60),
+            plans=PlanSettings(window_hours=PLAN_WINDOW_MINUTES / 60, deadline_s=PLAN_DEADLINE_S),
             routing=RingSettings(depth=ROUTING_DEPTH),
             # The replayed trace has no cache figures (every request looks cold), and replica-0 is the
             # job's cold reference: an alarm would warm it.
