@@ -211,16 +211,6 @@ def _plan(row: asyncpg.Record) -> Plan:
 
 
 def _traffic_point(row: asyncpg.Record) -> TrafficPoint:
-    start, tenant, model, requests, cold, prompt, cached, ttft_sum, ttft_count = row
-    return TrafficPoint(
-        start=datetime.fromtimestamp(start, UTC),
-        tenant=tenant,
-        model=model,
-        requests=requests,
-        cold_requests=cold,
-        prompt_tokens=prompt,
-        cached_tokens=cached,
-        prefix_hit_ratio=figures.ratio(cached, prompt),
-        cold_start_ratio=figures.ratio(cold, requests),
-        mean_ttft_ms=figures.ratio(ttft_sum, ttft_count),
-    )
+    start, tenant, model, *sums = row
+    at = datetime.fromtimestamp(start, UTC)
+    return TrafficPoint(start=at, tenant=tenant, model=model, **TrafficPoint.from_sums(sums))

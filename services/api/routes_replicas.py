@@ -70,19 +70,8 @@ async def replica(
 
 def _hits(sums: asyncpg.Record | None, span: figures.Window) -> ReplicaHits:
     """The window's figures from a replica's sums (None: it served no request counted here)."""
-    requests, cold, prompt, cached, ttft_sum, ttft_count = (
-        _NO_TRAFFIC if sums is None else (sums[column] for column in _SUMS)
-    )
-    return ReplicaHits(
-        since=datetime.fromtimestamp(span.start_s, UTC),
-        requests=requests,
-        cold_requests=cold,
-        prompt_tokens=prompt,
-        cached_tokens=cached,
-        prefix_hit_ratio=figures.ratio(cached, prompt),
-        cold_start_ratio=figures.ratio(cold, requests),
-        mean_ttft_ms=figures.ratio(ttft_sum, ttft_count),
-    )
+    counted = _NO_TRAFFIC if sums is None else [sums[column] for column in _SUMS]
+    return ReplicaHits(since=datetime.fromtimestamp(span.start_s, UTC), **ReplicaHits.from_sums(counted))
 
 
 def _replica(row: asyncpg.Record, sums: asyncpg.Record | None, span: figures.Window) -> Replica:

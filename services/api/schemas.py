@@ -4,10 +4,13 @@ against."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from warmplane.services.api import figures
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
 OptionalName = Annotated[str, Field(max_length=128, pattern=r"^[^\x00]*$")]
@@ -45,11 +48,9 @@ class PlanSummary(BaseModel):
     finished_at: datetime | None
 
 
-class ReplicaHits(BaseModel):
-    """The requests a replica served in the window (request events' `replica`). For a tenant token,
-    or a `tenant` asked for, only that tenant's requests count."""
+class TrafficFigures(BaseModel):
+    """Sums of request events and the ratios read from them (null where nothing was counted)."""
 
-    since: datetime = Field(description="start of the window's first statistics bucket")
     requests: int
     cold_requests: int = Field(description="requests that found no cached prefix")
     prompt_tokens: int
@@ -57,6 +58,28 @@ class ReplicaHits(BaseModel):
     prefix_hit_ratio: float | None = Field(description="cached ÷ prompt tokens; null without traffic")
     cold_start_ratio: float | None = Field(description="cold requests ÷ requests; null without traffic")
     mean_ttft_ms: float | None
+
+    @staticmethod
+    def from_sums(sums: Sequence[Any]) -> dict[str, Any]:
+        """The fields of a `TrafficFigures` (or a subclass) from the statistics tables' sums, in the
+        order requests, cold requests, prompt tokens, cached tokens, TTFT sum (ms), TTFT count."""
+        requests, cold, prompt, cached, ttft_sum, ttft_count = sums
+        return {
+            "requests": requests,
+            "cold_requests": cold,
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "prefix_hit_ratio": figures.ratio(cached, prompt),
+            "cold_start_ratio": figures.ratio(cold, requests),
+            "mean_ttft_ms": figures.ratio(ttft_sum, ttft_count),
+        }
+
+
+class ReplicaHits(TrafficFigures):
+    """The requests a replica served in the window (request events' `replica`). For a tenant token,
+    or a `tenant` asked for, only that tenant's requests count."""
+
+    since: datetime = Field(description="start of the window's first statistics bucket")
 
 
 class Replica(BaseModel):
@@ -149,17 +172,10 @@ class Miss(BaseModel):
     preview: str | None = Field(None, description="only for admins and the tenant's own tokens")
 
 
-class TrafficPoint(BaseModel):
+class TrafficPoint(TrafficFigures):
     start: datetime
     tenant: str
     model: str
-    requests: int
-    cold_requests: int
-    prompt_tokens: int
-    cached_tokens: int
-    prefix_hit_ratio: float | None = Field(description="cached ÷ prompt tokens; null without traffic")
-    cold_start_ratio: float | None = Field(description="requests with no cached prefix ÷ requests")
-    mean_ttft_ms: float | None
 
 
 class WarmSet(BaseModel):
