@@ -117,8 +117,12 @@ class ReplicaDriver:
                     await self._step()
                 except Exception:  # one bad step must not leave the replica unwatched
                     log.exception("replica %s: a step failed; trying again", self.replica)
+                # Not `asyncio.wait_for`: on Python 3.11 it swallows a cancellation that arrives as the
+                # wake-up completes (gh-86296), and the driver then watched on after its warmer stopped,
+                # which hung the warmer's stop for good. `asyncio.timeout` re-raises it.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._next_wait())
+                    async with asyncio.timeout(self._next_wait()):
+                        await self._wake.wait()
                 self._wake.clear()
         finally:
             if self._run_task is not None:
