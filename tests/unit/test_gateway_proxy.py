@@ -386,11 +386,9 @@ def test_settings_refuse_keys_without_a_salt_secret_and_a_key_shared_by_tenants(
     assert "key-a" not in repr(settings) and "salt-a" not in repr(settings)
 
 
-async def test_a_stream_the_client_abandons_ends_once_and_releases_its_replica() -> None:
-    chunks = sse({"id": "c1", "choices": [{"index": 0, "text": "a"}]})
-    upstream = Answer(200, chunks, content_type=SSE)
-    ends: list[tuple[str, float | None]] = []
-    stream = RelayedStream(
+def relayed(upstream: Answer, ends: list[tuple[str, float | None]]) -> RelayedStream:
+    """`upstream` relayed to the client, half a second after it started; each end goes to `ends`."""
+    return RelayedStream(
         upstream,
         SseRelay(strip_usage_chunk=True),
         started=0.0,
@@ -398,6 +396,13 @@ async def test_a_stream_the_client_abandons_ends_once_and_releases_its_replica()
         on_end=lambda outcome, ttft: ends.append((outcome, ttft)),
         headers={},
     )
+
+
+async def test_a_stream_the_client_abandons_ends_once_and_releases_its_replica() -> None:
+    chunks = sse({"id": "c1", "choices": [{"index": 0, "text": "a"}]})
+    upstream = Answer(200, chunks, content_type=SSE)
+    ends: list[tuple[str, float | None]] = []
+    stream = relayed(upstream, ends)
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
@@ -429,14 +434,7 @@ async def test_on_an_asgi_2_3_server_a_stream_ends_when_the_client_leaves_or_the
     chunks = sse({"id": "c1", "choices": [{"index": 0, "text": "a"}]})
     upstream = (Stalling if client_leaves else Answer)(200, chunks[:1] if client_leaves else chunks)
     ends: list[tuple[str, float | None]] = []
-    stream = RelayedStream(
-        upstream,
-        SseRelay(strip_usage_chunk=True),
-        started=0.0,
-        monotonic=lambda: 0.5,
-        on_end=lambda outcome, ttft: ends.append((outcome, ttft)),
-        headers={},
-    )
+    stream = relayed(upstream, ends)
     first_chunk_sent = asyncio.Event()
     sent: list[bytes] = []
 
