@@ -30,6 +30,8 @@ Epoch = Annotated[int, Meta(ge=0, le=2**62)]
 AwareTime = Annotated[datetime, Meta(tz=True)]
 PrefixId = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 MAX_CHAIN_LENGTH = 4096
+MAX_RESIDENT_PREFIXES = 100_000
+"""Most prefix ids one residency report carries (800 kB of ids: within the broker's message limit)."""
 
 
 class ModelRef(Struct, frozen=True, gc=False):
@@ -269,6 +271,33 @@ class WarmFinished(Event, kw_only=True, frozen=True, tag="warm.finished"):
     partial: bool = False
 
 
+class HeldPrefixes(Struct, array_like=True, frozen=True, gc=False):
+    """Prefixes held in one cache namespace: a tenant's prompt revision at an epoch (compact on the wire:
+    `[tenant, prompt_rev, epoch, [prefix ids]]`)."""
+
+    tenant: OptionalName
+    prompt_rev: OptionalName
+    epoch: Epoch
+    prefix_ids: Annotated[list[PrefixId], Meta(max_length=MAX_RESIDENT_PREFIXES)]
+
+
+class ReplicaResidency(Event, kw_only=True, frozen=True, tag="replica.residency"):
+    """What a replica holds of the prefixes its warmer warmed in its current start (`incarnation`, the id
+    of that start's `replica.started`), read from the engine's KV cache events, as a whole: a later report
+    replaces an earlier one. `lost` counts the prefixes warmed in this start that are no longer held
+    (evicted, or the cache cleared). `complete` is false while the event stream has a gap the engine's
+    replay could not fill and a probe has not yet settled: then `held` may miss prefixes still held."""
+
+    FAMILY = "warm_result"
+
+    replica: Name
+    node: Name
+    incarnation: uuid.UUID
+    held: Annotated[list[HeldPrefixes], Meta(max_length=MAX_RESIDENT_PREFIXES)] = []
+    lost: Tokens = 0
+    complete: bool = True
+
+
 AnyEvent = (
     RequestObserved
     | PrefixMissed
@@ -287,6 +316,7 @@ AnyEvent = (
     | WarmPlanIssued
     | WarmProgressed
     | WarmFinished
+    | ReplicaResidency
 )
 ReplicaEvent = _ReplicaEvent
 EVENT_TYPES: dict[str, type[Event]] = {str(cls.__struct_config__.tag): cls for cls in AnyEvent.__args__}

@@ -9,7 +9,8 @@ Contracts:
 - The virtualenv is the constructor's ``venv``, else ``$WARMPLANE_VLLM_VENV``, else ``<project>/.venv-vllm``;
   a missing one raises :class:`VllmVenvMissing` naming ``make vllm`` at construction time.
 - ``start()`` returns once ``GET /health`` answered 200 and ``GET /v1/models`` lists ``model_name``, within
-  ``start_timeout_s`` (120 s by default); an early exit fails at once, quoting the server log's tail.
+  ``start_timeout_s`` (300 s by default: two CPU engines loading side by side on a busy 2-core machine
+  have taken over 120 s); an early exit fails at once, quoting the server log's tail.
 - The KV cache is fixed at ``kv_cache_space_gib`` (vLLM would otherwise size it from free RAM); caches and
   temporary files go under ``workdir/scratch``.
 - ``stop()`` sends SIGTERM to the process group, then SIGKILL after ``stop_timeout_s``.
@@ -99,7 +100,7 @@ class EmbeddedVllm(EmbeddedPart):
         kv_cache_space_gib: int = 1,
         extra_args: Sequence[str] = (),
         port: int | None = None,
-        start_timeout_s: float = 120.0,
+        start_timeout_s: float = 300.0,
         stop_timeout_s: float = 15.0,
     ) -> None:
         super().__init__(workdir, port=port, start_timeout_s=start_timeout_s, stop_timeout_s=stop_timeout_s)
