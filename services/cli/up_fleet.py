@@ -108,6 +108,7 @@ class Fleet:
             model_dir,
             served_model_name=self._model,
             omp_threads_bind=index % 2,
+            kv_events=True,
             port=free_port(),
         )
         self._stack.callback(engine.stop)
@@ -118,6 +119,8 @@ class Fleet:
                 url=engine.base_url,
                 served_model=self._model,
                 block_size=BLOCK_SIZE,
+                kv_events_endpoint=engine.kv_events_endpoint,
+                kv_events_replay_endpoint=engine.kv_events_replay_endpoint,
             )
         )
         starting = asyncio.create_task(asyncio.to_thread(engine.start), name=f"start vllm-{index}")

@@ -8,6 +8,9 @@ as it is warm, while the others still warm: the probes hide behind prefill. With
 for the whole plan, which also catches a plan whose end evicted its beginning: the warmer verifies
 each only when the plan fits well inside the engine's KV cache.
 
+A verified item's blocks (`BlockChain`, from the token ids the engine rendered it to, under its salt) are
+in the report, so the warmer can follow them in the engine's KV events.
+
 Every item ends in one state with a reason: `verified`, `unverified` (the probe found fewer cached tokens),
 `failed` (no salt for its tenant, a rejected payload, a timeout or transport error after `attempts` tries)
 or `too_short` (under one block plus a token: nothing a cache could hold). A run that is cancelled keeps
@@ -25,6 +28,7 @@ from typing import Literal
 
 from pydantic import SecretStr
 
+from warmplane.services.warmer.core.kv_index import BlockChain, block_chain
 from warmplane.services.warmer.core.replica import HeldKey, Outcome, RunOrder, held_key
 from warmplane.services.warmer.vllm_client import VllmEngineClient, WarmFailed, WarmResult
 from warmplane.shared.cache_salt import derive_cache_salt
@@ -40,6 +44,7 @@ class ItemResult:
     reason: str = ""
     prompt_tokens: int = 0
     tokens_prefilled: int = 0
+    chain: BlockChain | None = None
 
 
 class SaltBook:
@@ -70,6 +75,8 @@ class RunReport:
     needed: int
     already_held: int
     failures: list[str]
+    chains: dict[HeldKey, BlockChain]
+    """The blocks of each verified item whose token ids the engine returned."""
 
     def outcome(self, stopped: str = "") -> Outcome:
         return Outcome(self.plan_id, self.verified, self.needed, self.already_held, stopped)
@@ -142,6 +149,11 @@ class PlanRun:
                 for r in results
                 if r.state in ("failed", "unverified")
             ],
+            chains={
+                held_key(plan, r.item): r.chain
+                for r in results
+                if r.state == "verified" and r.chain is not None
+            },
         )
 
     async def _bounded(
@@ -165,6 +177,8 @@ class PlanRun:
             return
         result.prompt_tokens = warmed.prompt_tokens
         result.tokens_prefilled = warmed.prompt_tokens - warmed.cached_tokens
+        if warmed.prompt_token_ids is not None:
+            result.chain = block_chain(warmed.prompt_token_ids, self._client.block_size, salt)
         if self._client.expected_cached_tokens(warmed.prompt_tokens) == 0:
             result.state = "too_short"
             result.reason = f"{warmed.prompt_tokens} tokens: shorter than one block and a token"

@@ -5,7 +5,9 @@ offers plans and wakes it. A plan runs as a task (`PlanRun`) the loop watches: w
 answering, or the plan's deadline passes, the loop cancels the run and reports what it achieved.
 
 What it publishes (through `publish`, which must not lose events): every lifecycle transition, progress of
-a running plan at most every `progress_interval_s`, and one `warm.finished` per plan run.
+a running plan at most every `progress_interval_s`, one `warm.finished` per plan run, and, when the engine's
+KV events are configured, `replica.residency` whenever what its warmed prefixes hold changes
+(`ResidencyWatch`).
 """
 
 from __future__ import annotations
@@ -17,18 +19,21 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from warmplane.services.warmer.core.replica import Phase, ReplicaTracker, RunOrder, Transition
+from warmplane.services.warmer.core.replica import Phase, ReplicaTracker, RunOrder, Transition, held_key
 from warmplane.services.warmer.metrics import WarmerMetrics
 from warmplane.services.warmer.plan_run import PlanRun, RunReport, SaltBook
+from warmplane.services.warmer.residency_watch import ResidencyWatch
 from warmplane.services.warmer.settings import EngineSettings, WarmSettings
 from warmplane.services.warmer.vllm_client import VllmEngineClient
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
     Event,
+    HeldPrefixes,
     ModelRef,
     ReplicaBecameReady,
     ReplicaCrashed,
     ReplicaEvent,
+    ReplicaResidency,
     ReplicaStarted,
     ReplicaWarmingStarted,
     ReplicaWeightsLoaded,
@@ -87,6 +92,11 @@ class ReplicaDriver:
         """Seconds from announcing the current incarnation to holding its plan."""
         self.kv_capacity_tokens: int | None = None
         """What the engine's prefix cache holds, read from its metrics once it answers; None if unknown."""
+        self.residency: ResidencyWatch | None = None
+        if engine.kv_events_endpoint is not None:
+            self.residency = ResidencyWatch(
+                engine=engine, warm=warm, client=client, salts=salts, report=self._residency, wake=self.wake
+            )
 
     @property
     def replica(self) -> str:
@@ -111,6 +121,9 @@ class ReplicaDriver:
     async def run(self) -> None:
         """Announce the replica, then watch it until cancelled; a running plan is cancelled with it."""
         self._report(self.tracker.start())
+        feed = None
+        if self.residency is not None:
+            feed = asyncio.create_task(self.residency.run(), name=f"kv events {self.replica}")
         try:
             while True:
                 try:
@@ -125,10 +138,11 @@ class ReplicaDriver:
                         await self._wake.wait()
                 self._wake.clear()
         finally:
-            if self._run_task is not None:
-                self._run_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await self._run_task
+            for task in (self._run_task, feed):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
 
     def _next_wait(self) -> float:
         wait = self._warm.health_interval_s
@@ -158,6 +172,8 @@ class ReplicaDriver:
         fill_limit = None if capacity is None else int(capacity * self._warm.max_kv_fill)
         if (order := tracker.next_run(fill_limit)) is not None:
             self._start_run(order)
+        if self.residency is not None and tracker.incarnation is not None:
+            self.residency.step(tracker.held, idle=self._run_task is None, forget=tracker.forget)
 
     def _start_run(self, order: RunOrder) -> None:
         self._report(order.transitions)
@@ -245,6 +261,8 @@ class ReplicaDriver:
             f" ({stopped})" if stopped else "",
         )
         self._report(self.tracker.finished(report.outcome(stopped), self._clock()))
+        if self.residency is not None and self.tracker.phase is not Phase.FAILED:
+            self.residency.learn(report, {held_key(plan, item): item.payload for item in run.order.items})
 
     def _maybe_progress(self) -> None:
         run = self._run
@@ -268,6 +286,24 @@ class ReplicaDriver:
             )
         )
 
+    def _residency(self, held: list[HeldPrefixes], lost: int, complete: bool) -> None:
+        incarnation = self.tracker.incarnation
+        assert incarnation is not None
+        self._publish(
+            ReplicaResidency(
+                event_id=new_event_id(),
+                occurred_at=self._clock(),
+                producer=self._producer,
+                model=self._model,
+                replica=self.replica,
+                node=self.node,
+                incarnation=incarnation,
+                held=held,
+                lost=lost,
+                complete=complete,
+            )
+        )
+
     def refuse(self, plan: WarmPlanIssued, reason: str) -> None:
         """Report a plan this replica will not run (any reason but a duplicate): a finished, empty warm."""
         self._publish(refusal(plan, reason, producer=self._producer, at=self._clock()))
@@ -283,6 +319,8 @@ class ReplicaDriver:
             if transition.phase is Phase.STARTING:
                 self._incarnation_began = time.monotonic()
                 self.plan_latency_s = None
+                if self.residency is not None:
+                    self.residency.restart()
             elif transition.phase is Phase.READY:
                 self._metrics.time_to_ready.observe(time.monotonic() - self._incarnation_began)
             elif transition.phase is Phase.FAILED:

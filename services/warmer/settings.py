@@ -30,6 +30,15 @@ class EngineSettings(BaseModel):
     """The weights revision it serves (vLLM does not expose one); goes on its lifecycle events."""
     block_size: Annotated[int, Field(ge=1, le=1024)] = 16
     """The engine's KV block size in tokens (`--block-size`): what a probe counts in."""
+    kv_events_endpoint: Annotated[str, Field(pattern=r"^(tcp|ipc)://[^\s]+$")] | None = None
+    """Where the engine publishes its KV cache events (the `endpoint` of its `--kv-events-config`, with
+    the host it is reached at, e.g. `tcp://127.0.0.1:5557`); unset, residency is known from verified
+    plans only and no `replica.residency` is reported."""
+    kv_events_replay_endpoint: Annotated[str, Field(pattern=r"^(tcp|ipc)://[^\s]+$")] | None = None
+    """The engine's `replay_endpoint`: batches missed (a late start, a dropped message) are asked for
+    again there; unset, a gap makes residency incomplete until probes settle it."""
+    kv_events_topic: Annotated[str, Field(max_length=128)] = ""
+    """The `topic` of the engine's `--kv-events-config`."""
 
 
 class WarmSettings(BaseModel):
@@ -56,6 +65,14 @@ class WarmSettings(BaseModel):
     """Tries per item for a transient failure (timeout, transport, HTTP 5xx); a rejection is not retried."""
     progress_interval_s: Seconds = 1.0
     publish_timeout_s: Seconds = 10.0
+    residency_interval_s: Seconds = 2.0
+    """At most this often a replica's residency is assessed from its KV events and reported if changed."""
+    reconcile_interval_s: Seconds = 300.0
+    """How often a replica's residency is checked against the engine itself: `reconcile_sample` prefixes
+    the events say are held are probed; a miss shows lost events and every unsure prefix is probed."""
+    reconcile_sample: Annotated[int, Field(ge=0, le=1_000)] = 4
+    replay_timeout_s: Seconds = 2.0
+    """How long a replay of missed KV event batches may take before they count as lost."""
 
 
 class ReadinessSettings(BaseModel):

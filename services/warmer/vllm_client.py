@@ -8,9 +8,10 @@ section 5), under the same ``cache_salt`` (section 7):
 - ``prompt`` (text or token ids) goes to ``/v1/completions``; token ids are sent as they are (text gets the
   tokenizer's BOS there, as real completions traffic does).
 
-Every request asks for one token at temperature 0, at ``priority`` 10 by default (the engine serves lower
-numbers first, so real traffic overtakes queued warm-ups). vLLM reuses only whole blocks and always
-recomputes the last prompt token, so a stuck warm-up shows as ``cached_tokens ==
+Every request asks for one token at temperature 0, and for the prompt's token ids (``return_token_ids``:
+the warmer follows those blocks in the engine's KV events), at ``priority`` 10 by default (the engine
+serves lower numbers first, so real traffic overtakes queued warm-ups). vLLM reuses only whole blocks
+and always recomputes the last prompt token, so a stuck warm-up shows as ``cached_tokens ==
 expected_cached_tokens(prompt_tokens)`` on a repeat (:meth:`VllmEngineClient.probe`).
 
 Contracts: every call is bounded by the constructor's timeouts; nothing is retried here (the warmer
@@ -55,11 +56,13 @@ class WarmFailed(Exception):
 
 @dataclass(frozen=True, slots=True)
 class WarmResult:
-    """What the engine reported for one warm request: token counts and wall time in seconds."""
+    """What the engine reported for one warm request: token counts, wall time in seconds, and the
+    prompt's token ids (None from an engine that does not return them)."""
 
     prompt_tokens: int
     cached_tokens: int
     elapsed_s: float
+    prompt_token_ids: list[int] | None = None
 
 
 class VllmEngineClient:
@@ -141,7 +144,13 @@ class VllmEngineClient:
         answer = await self._post_json(path, body)
         elapsed = time.perf_counter() - started
         prompt_tokens, cached_tokens = _usage(answer)
-        return WarmResult(prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, elapsed_s=elapsed)
+        ids = answer.get("prompt_token_ids")
+        if ids is None:  # completions answer them per choice
+            choices = answer.get("choices")
+            first = choices[0] if isinstance(choices, list) and choices else None
+            ids = first.get("prompt_token_ids") if isinstance(first, dict) else None
+        token_ids = ids if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
+        return WarmResult(prompt_tokens, cached_tokens, elapsed, token_ids)
 
     async def probe(self, payload: PrefixPayload, *, cache_salt: str, priority: int = WARM_PRIORITY) -> int:
         """Send the warm request again; its ``cached_tokens``. Raises :class:`WarmFailed`.
@@ -179,6 +188,7 @@ class VllmEngineClient:
             "stream": False,
             "cache_salt": cache_salt,
             "priority": priority,
+            "return_token_ids": True,
         }
         if payload.messages is not None:
             chat = {"messages": payload.messages, **_RENDER_AS_COMPLETE_TURN}

@@ -13,11 +13,14 @@ Contracts:
   have taken over 120 s); an early exit fails at once, quoting the server log's tail.
 - The KV cache is fixed at ``kv_cache_space_gib`` (vLLM would otherwise size it from free RAM); caches and
   temporary files go under ``workdir/scratch``.
+- With ``kv_events``, the engine publishes its KV cache events on ``kv_events_endpoint`` and answers replays
+  on ``kv_events_replay_endpoint`` (IPC sockets in ``workdir``: the engine binds, subscribers connect).
 - ``stop()`` sends SIGTERM to the process group, then SIGKILL after ``stop_timeout_s``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Sequence
@@ -80,6 +83,10 @@ def ensure_tiny_model(
     return out_dir
 
 
+_MAX_IPC_PATH = 100
+"""A Unix socket path is at most 107 bytes on Linux."""
+
+
 class EmbeddedVllm(EmbeddedPart):
     """One vLLM OpenAI-compatible server on ``127.0.0.1`` serving ``model_dir`` as ``served_model_name``.
 
@@ -99,6 +106,7 @@ class EmbeddedVllm(EmbeddedPart):
         omp_threads_bind: int | None = None,
         kv_cache_space_gib: int = 1,
         extra_args: Sequence[str] = (),
+        kv_events: bool = False,
         port: int | None = None,
         start_timeout_s: float = 300.0,
         stop_timeout_s: float = 15.0,
@@ -112,6 +120,9 @@ class EmbeddedVllm(EmbeddedPart):
         self.omp_threads_bind = omp_threads_bind
         self.kv_cache_space_gib = kv_cache_space_gib
         self.extra_args = tuple(extra_args)
+        self.kv_events = kv_events
+        if kv_events and len(str(self.workdir / "kv-events-replay")) > _MAX_IPC_PATH:
+            raise ValueError(f"workdir {self.workdir} is too long for the KV events' IPC socket paths")
 
     @property
     def base_url(self) -> str:
@@ -122,6 +133,16 @@ class EmbeddedVllm(EmbeddedPart):
     def model_name(self) -> str:
         """The name requests put in ``model``, as listed by ``/v1/models``."""
         return self._model_name
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        """Where the engine publishes its KV cache events (with ``kv_events``)."""
+        return f"ipc://{self.workdir.absolute()}/kv-events" if self.kv_events else None
+
+    @property
+    def kv_events_replay_endpoint(self) -> str | None:
+        """Where the engine answers replays of its buffered KV event batches (with ``kv_events``)."""
+        return f"ipc://{self.workdir.absolute()}/kv-events-replay" if self.kv_events else None
 
     @property
     def scratch_dir(self) -> Path:
@@ -135,6 +156,14 @@ class EmbeddedVllm(EmbeddedPart):
         argv += ["--host", self.host, "--port", str(self.port)]
         argv += ["--enable-prefix-caching", "--block-size", str(BLOCK_SIZE), "--enable-prompt-tokens-details"]
         argv += ["--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--scheduling-policy", "priority"]
+        if self.kv_events:
+            config = {
+                "enable_kv_cache_events": True,
+                "publisher": "zmq",
+                "endpoint": self.kv_events_endpoint,
+                "replay_endpoint": self.kv_events_replay_endpoint,
+            }
+            argv += ["--kv-events-config", json.dumps(config)]
         return [*argv, *self.extra_args]
 
     def environment(self) -> dict[str, str]:

@@ -80,7 +80,12 @@ def warmer_settings(
 
 def engine_settings(engine: EmbeddedVllm, replica: str) -> EngineSettings:
     return EngineSettings(
-        replica=replica, url=engine.base_url, served_model=engine.model_name, block_size=BLOCK_SIZE
+        replica=replica,
+        url=engine.base_url,
+        served_model=engine.model_name,
+        block_size=BLOCK_SIZE,
+        kv_events_endpoint=engine.kv_events_endpoint,
+        kv_events_replay_endpoint=engine.kv_events_replay_endpoint,
     )
 
 

@@ -263,6 +263,10 @@ class ReplicaTracker:
         self._awaiting = plan
         return self.tick(now)
 
+    def forget(self, keys: Iterable[HeldKey]) -> None:
+        """`keys` are no longer held (the engine evicted them): a later plan warms them again."""
+        self.held.difference_update(keys)
+
     def overdue(self, now: datetime) -> uuid.UUID | None:
         """The running plan's id once its deadline passed: the service stops that run."""
         if self.running is not None and self.running.deadline <= now:

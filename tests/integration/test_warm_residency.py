@@ -1,0 +1,119 @@
+"""Residency from the engine's own KV events, on a real vLLM with a small cache: a verified warm is reported
+held, traffic that evicts it is seen (and the engine confirms the eviction), and the next plan warms the
+evicted prefixes again instead of taking them as held."""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from tests.integration.planner_harness import MODEL, produce, read_topic
+from tests.integration.test_warmer_faults import warm_plan
+from tests.integration.warmer_harness import conversation, real_chat, wait_for, warmer_settings, words
+from warmplane.services.warmer.core.replica import Phase
+from warmplane.services.warmer.service import Warmer
+from warmplane.services.warmer.settings import WarmSettings
+from warmplane.shared.cache_salt import derive_cache_salt
+from warmplane.shared.codec import EventCodec
+from warmplane.shared.embedded import EmbeddedKafka
+from warmplane.shared.embedded.vllm_engine import EmbeddedVllm, ensure_tiny_model
+from warmplane.shared.events import PrefixPayload, ReplicaResidency, WarmItem
+from warmplane.shared.settings import KafkaSettings
+from warmplane.shared.topics import Topics
+
+_TIMEOUT_S = 90.0
+_BLOCKS = 160
+"""The engine's KV blocks: 5,088 tokens usable, the least vLLM takes for a 4,096-token context."""
+
+
+@pytest.fixture
+def small_engine() -> Iterator[EmbeddedVllm]:
+    """An engine of the test's own with a small cache, publishing its KV events; always stopped."""
+    with (
+        tempfile.TemporaryDirectory(prefix="warmplane-test-vllm-kv-") as folder,
+        EmbeddedVllm(
+            Path(folder),
+            ensure_tiny_model(),
+            omp_threads_bind=1,
+            kv_events=True,
+            extra_args=["--num-gpu-blocks-override", str(_BLOCKS)],
+        ) as engine,
+    ):
+        yield engine
+
+
+async def _residency_reports(kafka: KafkaSettings) -> list[ReplicaResidency]:
+    codec = EventCodec(kafka.max_event_bytes)
+    events = [codec.decode(r.value) for r in await read_topic(kafka, Topics(kafka.topic_prefix).warm_results)]
+    return [event for event in events if isinstance(event, ReplicaResidency)]
+
+
+async def test_evicted_warm_prefixes_are_reported_lost_and_warmed_again_by_the_next_plan(
+    embedded_kafka: EmbeddedKafka, small_engine: EmbeddedVllm
+) -> None:
+    rng = random.Random(uuid.uuid4().int)
+    secret = uuid.uuid4().hex
+    kafka = KafkaSettings(
+        bootstrap_servers=embedded_kafka.bootstrap_servers,
+        topic_prefix=f"t{uuid.uuid4().hex[:8]}",
+        session_timeout_ms=2_000,
+        heartbeat_interval_ms=500,
+    )
+    warm = WarmSettings(health_interval_s=0.2, progress_interval_s=0.2, residency_interval_s=0.2)
+    settings = warmer_settings(kafka, [small_engine], node="node-kv", secrets={"acme": secret}, warm=warm)
+    conversations = [conversation(rng) for _ in range(4)]
+    items = [
+        WarmItem(prefix_id, 400, PrefixPayload(prefix_id, messages=messages), "acme")
+        for prefix_id, messages in enumerate(conversations, start=1)
+    ]
+    salt = derive_cache_salt(secret.encode(), "acme", MODEL.name, 0)
+    async with Warmer(settings) as warmer:
+        [driver] = warmer.drivers.values()
+        watch = driver.residency
+        assert watch is not None
+        await wait_for(lambda: driver.tracker.phase is Phase.LOADING, timeout_s=_TIMEOUT_S, what="loaded")
+        deadline = datetime.now(UTC) + timedelta(seconds=60)
+        await produce(kafka, [warm_plan(driver.replica, "node-kv", items, deadline)])
+        await wait_for(lambda: driver.tracker.ready, timeout_s=_TIMEOUT_S, what="ready")
+        assert not driver.tracker.partial, driver.tracker.reason
+
+        def reported(held: int, lost: int) -> bool:
+            found = watch.last
+            return found is not None and (len(found.held), watch.lost) == (held, lost)
+
+        await wait_for(lambda: reported(4, 0), timeout_s=_TIMEOUT_S, what="the warm reported held")
+        assert watch.feed.index.complete and len(watch.feed.index) > 0
+
+        # Other traffic, twice the cache: the warm's blocks are the least recently used, so they go.
+        for _ in range(2 * _BLOCKS * 32 // 600):
+            await real_chat(small_engine, [{"role": "user", "content": words(rng, 300)}], "other-salt")
+        await wait_for(lambda: reported(0, 4), timeout_s=_TIMEOUT_S, what="the eviction seen")
+        assert driver.tracker.held == set()
+        evicted = await real_chat(small_engine, conversations[0], salt)
+        assert evicted["prompt_tokens_details"]["cached_tokens"] == 0, "the engine agrees: evicted"
+
+        # The next plan of the same prefixes warms them again: none of them counts as already held.
+        again = warm_plan(driver.replica, "node-kv", items, datetime.now(UTC) + timedelta(seconds=60))
+        await produce(kafka, [again])
+        await wait_for(
+            lambda: driver.last_report is not None and driver.last_report.plan_id == again.plan_id,
+            timeout_s=_TIMEOUT_S,
+            what="the second plan run",
+        )
+        assert driver.last_report is not None
+        assert (driver.last_report.already_held, len(driver.last_report.verified)) == (0, 4)
+        await wait_for(lambda: reported(4, 4), timeout_s=_TIMEOUT_S, what="the re-warm reported held")
+        incarnation = driver.tracker.incarnation
+
+    reports = await _residency_reports(kafka)
+    assert reports and {r.incarnation for r in reports} == {incarnation}
+    assert all(r.complete and r.replica == driver.replica for r in reports)
+    held = [sorted(p for group in r.held for p in group.prefix_ids) for r in reports]
+    assert [1, 2, 3, 4] in held and [] in held
+    assert (held[-1], reports[-1].lost) == ([1, 2, 3, 4], 4)
