@@ -6,8 +6,9 @@ after `learn`), tells the driver which keys were lost (so a later plan warms the
 when what it would say changed. A reconciliation probes, one at a time at warm priority and only while
 no plan runs: every unsure key while the index is incomplete, and every `reconcile_interval_s` a sample
 of the keys the index holds; a sampled key that misses means events were lost, so the index is marked
-incomplete and every key it cannot find is probed next. A probe that misses re-fills the prefix (it is
-the warm request), and its blocks come back through the events: reconciliation also restores.
+incomplete and every key it cannot find is probed next. A probe is the warm request: one that misses
+re-fills the prefix, so an incomplete index costs re-warming what was evicted meanwhile, never a prefix
+reported held that is not.
 """
 
 from __future__ import annotations
@@ -160,8 +161,7 @@ class ResidencyWatch:
             if believed and not hit:
                 log.warning("reconciliation: a prefix the KV events hold missed; events were lost")
                 index.doubt()
-            if not index.complete:
-                self.residency.settle(key, hit)
+            self.residency.confirm(key, time.monotonic())
 
     def _probe_done(self) -> None:
         self._probing = None

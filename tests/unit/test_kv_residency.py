@@ -152,12 +152,15 @@ def test_with_an_incomplete_index_a_probe_settles_what_the_events_cannot() -> No
     now = residency.grace_s + 1
     unsure = residency.assess({key(0), key(1)}, index, now)
     assert unsure.unsettled == {key(0), key(1)} and unsure.held == {key(0), key(1)} and not unsure.complete
-    residency.settle(key(0), True)
-    residency.settle(key(1), False)
+    residency.confirm(key(0), now)
     settled = residency.assess({key(0), key(1)}, index, now)
-    assert settled.held == {key(0)} and settled.lost == {key(1)} and settled.complete
+    assert settled.held == {key(0), key(1)} and settled.unsettled == {key(1)} and not settled.lost
+    residency.confirm(key(1), now)
+    assert residency.assess({key(0), key(1)}, index, now).complete
     residency.cleared()
-    assert residency.assess({key(0)}, index, now).unsettled == {key(0)}
+    assert residency.assess({key(0)}, index, now + residency.grace_s).unsettled == {key(0)}
+    index.apply(index.expects(), [{"type": "AllBlocksCleared"}])
+    assert residency.assess({key(0)}, index, now + residency.grace_s).lost == {key(0)}
 
 
 def test_the_reconciliation_sample_rotates_through_every_held_prefix() -> None:

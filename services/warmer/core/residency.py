@@ -3,15 +3,16 @@
 The warmer knows each verified prefix's blocks (`BlockChain`, from the token ids the engine rendered its
 warm request to) and the engine's blocks (`KvIndex`, from its KV events). While the index is complete its
 word is final. While it is not (events were lost for good), a prefix it cannot find may still be held:
-a probe settles it, and the answer stands until the next reconciliation or until the cache is cleared.
+a probe settles it (re-filling it if it was gone), and stands until the cache is cleared.
 
 Contracts:
 - `assess` splits the held keys into held and lost; keys the warmer has no chain for (warmed before
   their token ids were known) are held, as the verified plan said.
 - A key verified less than `grace_s` ago that the index cannot find is held: the engine answers a warm
   request and publishes its blocks on two paths, and the answer may come first.
-- With an incomplete index, a key the index cannot find is held if its last probe hit, lost if it
-  missed, and held but `unsettled` (to probe) if it was never probed.
+- With an incomplete index, a key the index cannot find is held if a probe confirmed it since the cache
+  was last cleared, else held but `unsettled` (to probe). A probe is the warm request itself, so one that
+  succeeds leaves the prefix held whether it hit or not.
 - `sample` picks, in a stable order that rotates, the keys a periodic reconciliation probes: a probe
   that misses a key the complete index holds shows lost events.
 """
@@ -48,7 +49,8 @@ class Residency:
     chains: dict[HeldKey, BlockChain] = field(default_factory=dict)
     payloads: dict[HeldKey, PrefixPayload] = field(default_factory=dict)
     """What a probe of each key sends (its warm request)."""
-    probed: dict[HeldKey, bool] = field(default_factory=dict)
+    confirmed: set[HeldKey] = field(default_factory=set)
+    """Keys a probe confirmed held since the cache was last cleared."""
     learned_at: dict[HeldKey, float] = field(default_factory=dict)
     grace_s: float = GRACE_S
     _turn: int = 0
@@ -57,11 +59,11 @@ class Residency:
         self, chains: Mapping[HeldKey, BlockChain], payloads: Mapping[HeldKey, PrefixPayload], now: float
     ) -> None:
         """Chains and payloads of keys verified at `now` (a verified key is held: an older probe's answer
-        goes)."""
+        goes: the index is asked first again)."""
         for key, chain in chains.items():
             self.chains[key] = chain
             self.learned_at[key] = now
-            self.probed.pop(key, None)
+            self.confirmed.discard(key)
             if key in payloads:
                 self.payloads[key] = payloads[key]
 
@@ -75,20 +77,22 @@ class Residency:
                 kept.add(key)
             elif index.complete:
                 lost.add(key)
-            elif (answer := self.probed.get(key)) is None:
-                kept.add(key)
-                unsettled.add(key)
             else:
-                (kept if answer else lost).add(key)
+                kept.add(key)
+                if key not in self.confirmed:
+                    unsettled.add(key)
         return Assessment(frozenset(kept), frozenset(lost), frozenset(unsettled))
 
-    def settle(self, key: HeldKey, hit: bool) -> None:
-        """A probe's answer for `key`."""
-        self.probed[key] = hit
+    def confirm(self, key: HeldKey, now: float) -> None:
+        """A probe of `key` succeeded at `now`: the engine holds it (the probe filled it if it was gone),
+        and its blocks are in flight on the event stream (the grace starts over)."""
+        self.confirmed.add(key)
+        if key in self.learned_at:
+            self.learned_at[key] = now
 
     def cleared(self) -> None:
         """The engine's cache was cleared: every probe's answer is void."""
-        self.probed.clear()
+        self.confirmed.clear()
 
     def forget(self, keys: Collection[HeldKey]) -> None:
         """Keys no longer held (lost): their chains and answers go; a re-warm learns them again."""
@@ -96,7 +100,7 @@ class Residency:
             self.chains.pop(key, None)
             self.learned_at.pop(key, None)
             self.payloads.pop(key, None)
-            self.probed.pop(key, None)
+            self.confirmed.discard(key)
 
     def sample(self, held: Collection[HeldKey], count: int) -> list[HeldKey]:
         """Up to `count` of `held` that have chains, taking the next ones in sorted order each call."""
