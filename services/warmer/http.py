@@ -2,7 +2,8 @@
 
 GET /ready            200 when every replica of this warmer is ready, else 503 (the pod's readiness probe)
 GET /ready/{replica}  the same for one replica; 404 for one this warmer does not drive
-GET /status           every replica: phase, readiness, reason, plan progress, prefixes held (JSON)
+GET /status           every replica: phase, readiness, reason, plan progress, prefixes held, and what
+                      the engine's KV events say it holds (JSON)
 GET /healthz          200 while every loop of the warmer runs, else 503 (liveness: unlike /ready, it says
                       nothing about warmth; a pod whose plan consumer died is restarted)
 GET /metrics          Prometheus text
@@ -25,6 +26,7 @@ from warmplane.shared.asgi_server import AsgiServer
 
 if TYPE_CHECKING:
     from warmplane.services.warmer.replica_driver import ReplicaDriver
+    from warmplane.services.warmer.residency_watch import ResidencyWatch
     from warmplane.services.warmer.service import Warmer
 
 
@@ -53,6 +55,21 @@ def replica_status(driver: ReplicaDriver) -> dict[str, Any]:
             "tokens_prefilled": report.tokens_prefilled,
             "failures": len(report.failures),
         },
+        "residency": None if driver.residency is None else residency_status(driver.residency),
+    }
+
+
+def residency_status(watch: ResidencyWatch) -> dict[str, Any]:
+    """What the engine's KV events say: prefixes held and lost, whether the stream is whole."""
+    found, index = watch.last, watch.feed.index
+    return {
+        "held": None if found is None else len(found.held),
+        "lost": watch.lost,
+        "unsure": None if found is None else len(found.unsettled),
+        "events_complete": index.complete,
+        "event_gaps": index.gaps,
+        "blocks_known": len(index),
+        "engine_restarts": watch.feed.restarts,
     }
 
 

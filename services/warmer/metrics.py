@@ -74,6 +74,24 @@ class WarmerMetrics:
             ["topic", "partition"],
             registry=registry,
         )
+        self.resident = Gauge(
+            "warmplane_warmer_resident_prefixes",
+            "Warmed prefixes of the replica's current start its engine's KV events say it still holds",
+            ["replica"],
+            registry=registry,
+        )
+        self.lost = Gauge(
+            "warmplane_warmer_lost_prefixes",
+            "Warmed prefixes of the replica's current start no longer held (evicted, or the cache cleared)",
+            ["replica"],
+            registry=registry,
+        )
+        self.residency_complete = Gauge(
+            "warmplane_warmer_residency_complete",
+            "0 while lost KV events leave some held prefix unsure (until a probe settles it), else 1",
+            ["replica"],
+            registry=registry,
+        )
         self.publish_retries = Counter(
             "warmplane_warmer_publish_retries",
             "Lifecycle or result events the broker did not acknowledge in time (retried)",

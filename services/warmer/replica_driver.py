@@ -289,6 +289,9 @@ class ReplicaDriver:
     def _residency(self, held: list[HeldPrefixes], lost: int, complete: bool) -> None:
         incarnation = self.tracker.incarnation
         assert incarnation is not None
+        self._metrics.resident.labels(self.replica).set(sum(len(group.prefix_ids) for group in held))
+        self._metrics.lost.labels(self.replica).set(lost)
+        self._metrics.residency_complete.labels(self.replica).set(1 if complete else 0)
         self._publish(
             ReplicaResidency(
                 event_id=new_event_id(),

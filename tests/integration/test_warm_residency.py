@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.integration.planner_harness import MODEL, produce, read_topic
@@ -88,7 +89,13 @@ async def test_evicted_warm_prefixes_are_reported_lost_and_warmed_again_by_the_n
             return found is not None and (len(found.held), watch.lost) == (held, lost)
 
         await wait_for(lambda: reported(4, 0), timeout_s=_TIMEOUT_S, what="the warm reported held")
-        assert watch.feed.index.complete and len(watch.feed.index) > 0
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{warmer.http_port}") as http:
+            [status] = (await http.get("/status")).json()["replicas"]
+            metrics = (await http.get("/metrics")).text
+        residency = status["residency"]
+        assert (residency["held"], residency["lost"], residency["events_complete"]) == (4, 0, True)
+        assert residency["blocks_known"] > 0 and residency["event_gaps"] == 0
+        assert f'warmplane_warmer_resident_prefixes{{replica="{driver.replica}"}} 4.0' in metrics
 
         async def evict() -> None:
             """Other traffic, twice the cache: the warm's blocks are the least recently used, so they go."""
