@@ -73,6 +73,12 @@ def test_the_compose_warmer_is_valid_warmer_settings_for_its_engine(monkeypatch:
     assert engine.url == "http://vllm:8000" and engine.block_size == 16
     assert "--block-size=16" in services["vllm"]["command"]
     assert f"--served-model-name={'${WARMPLANE_SERVED_MODEL:-qwen-2.5-7b}'}" in services["vllm"]["command"]
+    events = _kv_events_config(services["vllm"]["command"])
+    assert (events["endpoint"], events["replay_endpoint"]) == ("tcp://*:5557", "tcp://*:5558")
+    assert (engine.kv_events_endpoint, engine.kv_events_replay_endpoint) == (
+        "tcp://vllm:5557",
+        "tcp://vllm:5558",
+    )
     assert "tenant-secret" not in repr(settings)
     assert "/ready" in " ".join(services["warmer"]["healthcheck"]["test"])
 
@@ -136,6 +142,15 @@ def test_the_vllm_pod_is_ready_only_when_its_warmer_says_so(monkeypatch: pytest.
     assert (settings.node, engine.replica, engine.block_size) == ("gpu-node-3", "vllm-1", 16)
     assert f"--block-size={engine.block_size}" in _container(pod, "vllm")["args"]
     assert f"--served-model-name={engine.served_model}" in _container(pod, "vllm")["args"]
+    # The engine publishes its KV events on sockets in a volume the warmer mounts too.
+    events = _kv_events_config(_container(pod, "vllm")["args"])
+    assert (events["endpoint"], events["replay_endpoint"]) == (
+        engine.kv_events_endpoint,
+        engine.kv_events_replay_endpoint,
+    )
+    volume = {"name": "kv-events", "mountPath": "/run/warmplane"}
+    assert all(volume in _container(pod, name)["volumeMounts"] for name in ("vllm", "warmer"))
+    assert str(engine.kv_events_endpoint).startswith("ipc:///run/warmplane/")
 
 
 def test_the_planner_starts_from_its_config_and_the_migrations_run_as_a_job(
@@ -289,3 +304,10 @@ def test_the_api_and_gateway_deployments_start_from_their_config_and_secrets(
     gateway_settings = load_settings(GatewaySettings)
     assert gateway_settings.gateway.block_size == 16
     assert {"name": "http", "containerPort": gateway_settings.gateway.http_port} in gateway["ports"]
+
+
+def _kv_events_config(args: list[str]) -> dict[str, Any]:
+    """The engine's `--kv-events-config`, which must switch the events on over ZeroMQ."""
+    [config] = [json.loads(arg.split("=", 1)[1]) for arg in args if arg.startswith("--kv-events-config=")]
+    assert config["enable_kv_cache_events"] is True and config["publisher"] == "zmq"
+    return dict(config)
