@@ -1,0 +1,174 @@
+"""Residency reports on the real broker and Postgres: the planner keeps each replica's newest report, once,
+in its batch's transaction."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import msgspec
+
+from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, running_planner
+from warmplane.services.planner.core.recent_ids import unpack_ids
+from warmplane.services.planner.pg_residency import record_residency
+from warmplane.services.planner.settings import PlannerSettings
+from warmplane.shared.event_ids import new_event_id
+from warmplane.shared.events import (
+    HeldPrefixes,
+    ReplicaResidency,
+    ReplicaStarted,
+)
+from warmplane.shared.topics import DeadLetterHeaders, Topics
+
+_TIMEOUT_S = 30.0
+RESIDENCY = "replica.residency"
+
+
+def report(
+    replica: str,
+    incarnation: uuid.UUID,
+    at: datetime,
+    held: Sequence[HeldPrefixes] = (),
+    *,
+    lost: int = 0,
+    complete: bool = True,
+    event_id: uuid.UUID | None = None,
+) -> ReplicaResidency:
+    return ReplicaResidency(
+        event_id=event_id or new_event_id(),
+        occurred_at=at,
+        producer="warmer/node-1",
+        model=MODEL,
+        replica=replica,
+        node="node-1",
+        incarnation=incarnation,
+        held=list(held),
+        lost=lost,
+        complete=complete,
+    )
+
+
+def started(replica: str, at: datetime) -> ReplicaStarted:
+    return ReplicaStarted(
+        event_id=new_event_id(),
+        occurred_at=at,
+        producer="warmer",
+        model=MODEL,
+        replica=replica,
+        node="node-1",
+    )
+
+
+async def stored(db: asyncpg.Connection | asyncpg.Pool, replica: str) -> dict[str, object] | None:
+    """The row kept for `replica`, its `held` decoded."""
+    row = await db.fetchrow("SELECT * FROM replica_residency WHERE replica_id = $1", replica)
+    if row is None:
+        return None
+    return {**row, "held": msgspec.json.decode(row["held"], type=list[HeldPrefixes])}
+
+
+def as_row(event: ReplicaResidency, held_count: int) -> dict[str, object]:
+    """The row the planner keeps for `event`."""
+    return {
+        "replica_id": event.replica,
+        "incarnation": event.incarnation,
+        "event_id": event.event_id,
+        "occurred_at": event.occurred_at,
+        "held": event.held,
+        "held_count": held_count,
+        "lost": event.lost,
+        "complete": event.complete,
+    }
+
+
+async def test_the_planner_keeps_each_replicas_newest_report_once(planner_settings: PlannerSettings) -> None:
+    """Reports of one batch, then an older one and a copy in later batches: the newest stands, every
+    report's id is in the ledger with the batch, and a report Postgres cannot store is dead-lettered alone."""
+    kafka = planner_settings.kafka
+    now = datetime.now(UTC)
+    start = started("r-a", now)
+    older = report("r-a", start.event_id, now + timedelta(seconds=2), [HeldPrefixes("acme", "", 0, [9])])
+    newer = report(
+        "r-a",
+        start.event_id,
+        now + timedelta(seconds=3),
+        [HeldPrefixes("acme", "v1", 2, [1, 2, 3]), HeldPrefixes("globex", "", 0, [-7])],
+        lost=1,
+    )
+    other = report("r-b", new_event_id(), now + timedelta(seconds=1), complete=False)
+    # Decodes (a tenant name may hold NUL on the wire), but `jsonb` refuses it.
+    unstorable = report("r-c", new_event_id(), now, [HeldPrefixes("ac\u0000me", "", 0, [5])])
+    await produce(kafka, [start, older, newer, other, unstorable])
+    db = await asyncpg.connect(planner_settings.postgres.asyncpg_dsn())
+    try:
+        async with running_planner(planner_settings) as planner:
+            await poll_until(
+                lambda: _ingested(planner.metrics.events_ingested(RESIDENCY), 3),
+                timeout_s=_TIMEOUT_S,
+                what="three reports ingested",
+            )
+            assert await stored(db, "r-a") == as_row(newer, 4)
+            assert await stored(db, "r-b") == as_row(other, 0)
+            assert await stored(db, "r-c") is None
+
+            # Later batches: a report older than the stored one, and a copy of the stored one.
+            oldest = report("r-a", start.event_id, now + timedelta(seconds=1))
+            # The copy first: by the time the older report is counted, the copy was skipped.
+            await produce(kafka, [newer, oldest])
+            await poll_until(
+                lambda: _ingested(planner.metrics.events_ingested(RESIDENCY), 4),
+                timeout_s=_TIMEOUT_S,
+                what="the older report ingested",
+            )
+            assert await stored(db, "r-a") == as_row(newer, 4)
+            assert planner.metrics.duplicates._value.get() >= 1
+        ledger = {
+            event_id.int for (packed,) in await db.fetch("SELECT event_ids FROM ingest_ledger")
+            for event_id in unpack_ids(packed)
+        }  # fmt: skip
+        assert ledger == {e.event_id.int for e in (start, older, newer, other, oldest)}
+        letters = await read_topic(kafka, Topics(kafka.topic_prefix).dead_letter)
+        assert [(dict(r.headers)[DeadLetterHeaders.REASON].decode(), r.value) for r in letters] == [
+            ("rejected by Postgres: a value it cannot store", msgspec.json.encode(unstorable))
+        ]
+    finally:
+        await db.close()
+
+
+async def _ingested(count: int, expected: int) -> bool:
+    return count >= expected
+
+
+async def test_the_store_keeps_the_newer_report_by_time_then_id(migrated_database: str) -> None:
+    """Beyond the planner's window of recent ids a copy reaches the store: it changes nothing, nor does an
+    older report; of two reports at the same time the larger id stands, in either order of arrival."""
+    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=1)
+    try:
+        now = datetime.now(UTC)
+        start = new_event_id()
+        first = report("r-s", start, now, [HeldPrefixes("acme", "", 0, [1])])
+        small, large = sorted((new_event_id(), new_event_id()), key=lambda u: u.int)
+        tie_small = report("r-s", start, now + timedelta(seconds=1), event_id=small)
+        tie_large = report(
+            "r-s", start, now + timedelta(seconds=1), [HeldPrefixes("acme", "", 0, [2])], event_id=large
+        )
+
+        async def write(*reports: ReplicaResidency) -> None:
+            async with pool.acquire() as connection, connection.transaction():
+                await record_residency(connection, reports)
+
+        await write(first)
+        await write(first)
+        assert await stored(pool, "r-s") == as_row(first, 1)
+        await write(tie_large)
+        await write(tie_small)
+        await write(first)
+        assert await stored(pool, "r-s") == as_row(tie_large, 1)
+        await pool.execute("DELETE FROM replica_residency")
+        await write(tie_small)
+        await write(tie_large)
+        assert await stored(pool, "r-s") == as_row(tie_large, 1)
+    finally:
+        await pool.close()
