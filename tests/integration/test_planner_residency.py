@@ -1,5 +1,6 @@
 """Residency reports on the real broker and Postgres: the planner keeps each replica's newest report, once,
-in its batch's transaction."""
+in its batch's transaction; what a replica holds for planning is its report on its latest start and the
+plans verified after it, or its verified plans when it has none."""
 
 from __future__ import annotations
 
@@ -12,13 +13,17 @@ import msgspec
 
 from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, running_planner
 from warmplane.services.planner.core.recent_ids import unpack_ids
+from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.pg_residency import record_residency
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
     HeldPrefixes,
+    PrefixPayload,
     ReplicaResidency,
     ReplicaStarted,
+    WarmItem,
+    WarmPlanIssued,
 )
 from warmplane.shared.topics import DeadLetterHeaders, Topics
 
@@ -59,6 +64,16 @@ def started(replica: str, at: datetime) -> ReplicaStarted:
         replica=replica,
         node="node-1",
     )
+
+
+def plan_of(prefix: int, at: datetime, trigger: uuid.UUID | None) -> WarmPlanIssued:
+    """A plan for r-h of `prefix` (acme, epoch 0), issued at `at`."""
+    payload = PrefixPayload(prefix_id=prefix, prompt=f"prefix {prefix}")
+    return WarmPlanIssued(
+        event_id=new_event_id(), occurred_at=at, producer="planner", model=MODEL, plan_id=new_event_id(),
+        replica="r-h", node="node-1", epoch=0, items=[WarmItem(prefix, 100, payload, "acme", epoch=0)],
+        budget_tokens=100, deadline=at + timedelta(minutes=2), trigger_event_id=trigger,
+    )  # fmt: skip
 
 
 async def stored(db: asyncpg.Connection | asyncpg.Pool, replica: str) -> dict[str, object] | None:
@@ -170,5 +185,78 @@ async def test_the_store_keeps_the_newer_report_by_time_then_id(migrated_databas
         await write(tie_small)
         await write(tie_large)
         assert await stored(pool, "r-s") == as_row(tie_large, 1)
+    finally:
+        await pool.close()
+
+
+async def test_a_replica_holds_its_report_on_its_latest_start_and_what_verified_after_it(
+    migrated_database: str,
+) -> None:
+    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
+    try:
+        store = PgPlanStore(pool)
+        now = datetime.now(UTC)
+
+        async def start(at: datetime) -> uuid.UUID:
+            event_id = new_event_id()
+            await pool.execute(
+                "INSERT INTO replica_transitions (event_id, replica_id, state, occurred_at) "
+                "VALUES ($1, 'r-h', 'starting', $2)",
+                event_id, at,
+            )  # fmt: skip
+            return event_id
+
+        async def verified(prefix: int, at: datetime, trigger: uuid.UUID | None = None) -> None:
+            """A plan of `prefix` (acme, epoch 0) issued and verified at `at` (warmer's clock)."""
+            plan = plan_of(prefix, at, trigger)
+            assert await store.record(plan, trigger or new_event_id())
+            await pool.execute(
+                "UPDATE warm_plans SET state = 'verified', finished_at = $2 WHERE plan_id = $1",
+                plan.plan_id,
+                at,
+            )
+
+        async def reported(incarnation: uuid.UUID, at: datetime, held: list[HeldPrefixes]) -> None:
+            async with pool.acquire() as connection, connection.transaction():
+                await record_residency(connection, [report("r-h", incarnation, at, held, complete=False)])
+
+        async def held() -> set[tuple[int, str, int]]:
+            items = await store.held("r-h")
+            as_set = {(h.prefix_id, h.tenant, h.epoch) for h in items}
+            assert len(as_set) == len(items), "each prefix once"
+            return as_set
+
+        first = await start(now)
+        await verified(1, now + timedelta(seconds=1), trigger=first)
+        await verified(2, now + timedelta(seconds=2))
+        # No report: what its verified plans warmed.
+        assert await held() == {(1, "acme", 0), (2, "acme", 0)}
+
+        # Its warmer reports prefix 1 lost, and holds 3 of globex (in two namespaces) and 2 again.
+        await reported(
+            first,
+            now + timedelta(seconds=3),
+            [
+                HeldPrefixes("acme", "", 0, [2]),
+                HeldPrefixes("globex", "v2", 5, [3]),
+                HeldPrefixes("globex", "", 4, [3]),
+            ],
+        )
+        assert await held() == {(2, "acme", 0), (3, "globex", 5), (3, "globex", 4)}
+        # Plans verified after the report add their items; one finished at the report's instant is taken as
+        # the report saw it (4 is not held).
+        await verified(4, now + timedelta(seconds=3))
+        await verified(5, now + timedelta(seconds=4))
+        await verified(2, now + timedelta(seconds=5))
+        assert await held() == {(2, "acme", 0), (3, "globex", 5), (3, "globex", 4), (5, "acme", 0)}
+
+        # It crashed and came back: the report on the earlier start no longer counts.
+        second = await start(now + timedelta(seconds=10))
+        assert await held() == set()
+        await verified(6, now + timedelta(seconds=11), trigger=second)
+        assert await held() == {(6, "acme", 0)}
+        # Its warmer reports on the new start: nothing of 6 is left.
+        await reported(second, now + timedelta(seconds=12), [])
+        assert await held() == set()
     finally:
         await pool.close()
