@@ -5,13 +5,20 @@ plans verified after it, or its verified plans when it has none."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import msgspec
 
-from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, running_planner
+from tests.integration.planner_harness import (
+    MODEL,
+    poll_until,
+    produce,
+    read_topic,
+    replica_started,
+    residency_report,
+    running_planner,
+)
 from warmplane.services.planner.core.recent_ids import unpack_ids
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.pg_residency import record_residency
@@ -21,7 +28,6 @@ from warmplane.shared.events import (
     HeldPrefixes,
     PrefixPayload,
     ReplicaResidency,
-    ReplicaStarted,
     WarmItem,
     WarmPlanIssued,
 )
@@ -29,41 +35,6 @@ from warmplane.shared.topics import DeadLetterHeaders, Topics
 
 _TIMEOUT_S = 30.0
 RESIDENCY = "replica.residency"
-
-
-def report(
-    replica: str,
-    incarnation: uuid.UUID,
-    at: datetime,
-    held: Sequence[HeldPrefixes] = (),
-    *,
-    lost: int = 0,
-    complete: bool = True,
-    event_id: uuid.UUID | None = None,
-) -> ReplicaResidency:
-    return ReplicaResidency(
-        event_id=event_id or new_event_id(),
-        occurred_at=at,
-        producer="warmer/node-1",
-        model=MODEL,
-        replica=replica,
-        node="node-1",
-        incarnation=incarnation,
-        held=list(held),
-        lost=lost,
-        complete=complete,
-    )
-
-
-def started(replica: str, at: datetime) -> ReplicaStarted:
-    return ReplicaStarted(
-        event_id=new_event_id(),
-        occurred_at=at,
-        producer="warmer",
-        model=MODEL,
-        replica=replica,
-        node="node-1",
-    )
 
 
 def plan_of(prefix: int, at: datetime, trigger: uuid.UUID | None) -> WarmPlanIssued:
@@ -103,18 +74,20 @@ async def test_the_planner_keeps_each_replicas_newest_report_once(planner_settin
     report's id is in the ledger with the batch, and a report Postgres cannot store is dead-lettered alone."""
     kafka = planner_settings.kafka
     now = datetime.now(UTC)
-    start = started("r-a", now)
-    older = report("r-a", start.event_id, now + timedelta(seconds=2), [HeldPrefixes("acme", "", 0, [9])])
-    newer = report(
+    start = replica_started("r-a", now)
+    older = residency_report(
+        "r-a", start.event_id, now + timedelta(seconds=2), [HeldPrefixes("acme", "", 0, [9])]
+    )
+    newer = residency_report(
         "r-a",
         start.event_id,
         now + timedelta(seconds=3),
         [HeldPrefixes("acme", "v1", 2, [1, 2, 3]), HeldPrefixes("globex", "", 0, [-7])],
         lost=1,
     )
-    other = report("r-b", new_event_id(), now + timedelta(seconds=1), complete=False)
+    other = residency_report("r-b", new_event_id(), now + timedelta(seconds=1), complete=False)
     # Decodes (a tenant name may hold NUL on the wire), but `jsonb` refuses it.
-    unstorable = report("r-c", new_event_id(), now, [HeldPrefixes("ac\u0000me", "", 0, [5])])
+    unstorable = residency_report("r-c", new_event_id(), now, [HeldPrefixes("ac\u0000me", "", 0, [5])])
     await produce(kafka, [start, older, newer, other, unstorable])
     db = await asyncpg.connect(planner_settings.postgres.asyncpg_dsn())
     try:
@@ -129,7 +102,7 @@ async def test_the_planner_keeps_each_replicas_newest_report_once(planner_settin
             assert await stored(db, "r-c") is None
 
             # Later batches: a report older than the stored one, and a copy of the stored one.
-            oldest = report("r-a", start.event_id, now + timedelta(seconds=1))
+            oldest = residency_report("r-a", start.event_id, now + timedelta(seconds=1))
             # The copy first: by the time the older report is counted, the copy was skipped.
             await produce(kafka, [newer, oldest])
             await poll_until(
@@ -163,10 +136,10 @@ async def test_the_store_keeps_the_newer_report_by_time_then_id(migrated_databas
     try:
         now = datetime.now(UTC)
         start = new_event_id()
-        first = report("r-s", start, now, [HeldPrefixes("acme", "", 0, [1])])
+        first = residency_report("r-s", start, now, [HeldPrefixes("acme", "", 0, [1])])
         small, large = sorted((new_event_id(), new_event_id()), key=lambda u: u.int)
-        tie_small = report("r-s", start, now + timedelta(seconds=1), event_id=small)
-        tie_large = report(
+        tie_small = residency_report("r-s", start, now + timedelta(seconds=1), event_id=small)
+        tie_large = residency_report(
             "r-s", start, now + timedelta(seconds=1), [HeldPrefixes("acme", "", 0, [2])], event_id=large
         )
 
@@ -218,7 +191,9 @@ async def test_a_replica_holds_its_report_on_its_latest_start_and_what_verified_
 
         async def reported(incarnation: uuid.UUID, at: datetime, held: list[HeldPrefixes]) -> None:
             async with pool.acquire() as connection, connection.transaction():
-                await record_residency(connection, [report("r-h", incarnation, at, held, complete=False)])
+                await record_residency(
+                    connection, [residency_report("r-h", incarnation, at, held, complete=False)]
+                )
 
         async def held() -> set[tuple[int, str, int]]:
             items = await store.held("r-h")
