@@ -1,8 +1,9 @@
-"""A replica's residency in the API, fed by a real planner on the real broker and Postgres:
+"""A replica's residency in the API and the CLI, fed by a real planner on the real broker and Postgres:
 shown only for the replica's current start, counts only, and a tenant sees its own namespaces alone."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -29,6 +30,7 @@ from tests.integration.planner_harness import (
     residency_report,
     running_planner,
 )
+from warmplane.services.cli.main import main
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.events import HeldPrefixes
 
@@ -50,6 +52,8 @@ async def _residency(api: RunningApi, token: str, **params: str) -> Any:
 
 async def test_a_replicas_residency_is_its_report_on_its_current_start_in_the_callers_scope(
     api: tuple[RunningApi, PlannerSettings],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     running, settings = api
     now = datetime.now(UTC)
@@ -109,6 +113,13 @@ async def test_a_replicas_residency_is_its_report_on_its_current_start_in_the_ca
     async with httpx.AsyncClient(base_url=running.url, timeout=10) as client:
         refused = await client.get("/v1/replicas/r-1", headers=bearer(ACME), params={"tenant": "globex"})
     assert refused.status_code == 403 and "globex" not in refused.text
+
+    # `warmplane replica r-1` (run in-process, an acme token in its environment) shows the line in scope.
+    monkeypatch.setenv("WARMPLANE_API_URL", running.url)
+    monkeypatch.setenv("WARMPLANE_API_TOKEN", ACME)
+    assert await asyncio.to_thread(main, ["replica", "r-1"]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("residency")]
+    assert line.endswith(": 4 held, incomplete: more may be held; acme@0: 1, acme/v1@2: 3"), line
 
     # It restarts: the report was on the start before, so nothing is shown until its warmer reports again.
     await produce(settings.kafka, [replica_started("r-1", now + timedelta(seconds=5))])
