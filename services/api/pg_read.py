@@ -1,4 +1,4 @@
-"""The API's read model: the planner's tables, read through one asyncpg pool (migrations 0001-0009).
+"""The API's read model: the planner's tables, read through one asyncpg pool (migrations 0001-0010).
 
 Every query filters by tenant in SQL when the caller is restricted to one (`tenant` is None for every
 tenant), so a tenant's rows never reach the process for another tenant's caller. Times are
@@ -39,6 +39,25 @@ GROUP BY h.replica
 TRANSITIONS = """
 SELECT state, occurred_at, reason FROM replica_transitions WHERE replica_id = $1
 ORDER BY occurred_at DESC LIMIT $2
+"""
+# The replica's residency report if it is on the replica's latest start: one row per namespace it holds
+# (of `tenant` only, unless that is None), or one row of NULL namespace when none is; no row without a report.
+RESIDENCY = """
+SELECT r.occurred_at, r.lost, r.complete, n.tenant, n.prompt_rev, n.epoch, n.prefixes
+FROM replica_residency r
+JOIN LATERAL (
+    SELECT t.event_id FROM replica_transitions t
+    WHERE t.replica_id = r.replica_id AND t.state = 'starting' ORDER BY t.occurred_at DESC LIMIT 1
+) s ON s.event_id = r.incarnation
+LEFT JOIN LATERAL (
+    SELECT h.entry->>0 AS tenant, h.entry->>1 AS prompt_rev, (h.entry->>2)::bigint AS epoch,
+           sum(jsonb_array_length(h.entry->3))::bigint AS prefixes
+    FROM jsonb_array_elements(r.held) AS h(entry)
+    WHERE $2::text IS NULL OR h.entry->>0 = $2
+    GROUP BY 1, 2, 3
+) n ON true
+WHERE r.replica_id = $1
+ORDER BY n.tenant, n.prompt_rev, n.epoch
 """
 PLANS = """
 SELECT plan_id, replica_id, node, model, epoch, state, jsonb_array_length(items) AS item_count,
@@ -129,6 +148,10 @@ class PgReadModel:
 
     async def transitions(self, replica: str, limit: int) -> list[asyncpg.Record]:
         return list(await self._pool.fetch(TRANSITIONS, replica, limit))
+
+    async def residency(self, replica: str, tenant: str | None) -> list[asyncpg.Record]:
+        """The rows of `RESIDENCY`: [] when the replica has no report on its latest start."""
+        return list(await self._pool.fetch(RESIDENCY, replica, tenant))
 
     async def plans(
         self,

@@ -1,6 +1,7 @@
 """Replica endpoints: state, the latest plan's progress, and the hit rate of the requests each served
-over a window. Every token may read replicas; a tenant token's hit figures count only its tenant's
-requests (`Principal.tenant_scope`), so they say nothing about other tenants' traffic."""
+over a window; one replica's detail adds what it holds by its warmer's residency report. Every token may
+read replicas; a tenant token's hit and residency figures count only its tenant's requests and prefixes
+(`Principal.tenant_scope`), so they say nothing about other tenants' traffic or caches."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from warmplane.services.api import figures
 from warmplane.services.api.deps import Caller, Deps
 from warmplane.services.api.routes_read import ERRORS, ModelQ, TenantQ, WindowQ
 from warmplane.services.api.schemas import (
+    HeldNamespace,
     PlanSummary,
     Problem,
     Replica,
     ReplicaDetail,
     ReplicaHits,
     ReplicaState,
+    Residency,
     Transition,
 )
 
@@ -55,7 +58,7 @@ async def replica(
     tenant: TenantQ = None,
     window_s: WindowQ = None,
 ) -> ReplicaDetail:
-    """One replica, the window's hit rate and its last 50 state transitions."""
+    """One replica, the window's hit rate, its last 50 state transitions and what it holds."""
     scoped = caller.tenant_scope(tenant)
     rows = await deps.read.replicas(replica=replica_id)
     if not rows:
@@ -63,8 +66,32 @@ async def replica(
     span = deps.window(window_s)
     hits = await deps.read.replica_hits([replica_id], span.since_bucket, scoped)
     transitions = [Transition(**dict(t)) for t in await deps.read.transitions(replica_id, 50)]
+    residency = _residency(await deps.read.residency(replica_id, scoped), scoped)
     return ReplicaDetail(
-        **_replica(rows[0], hits.get(replica_id), span).model_dump(), transitions=transitions
+        **_replica(rows[0], hits.get(replica_id), span).model_dump(),
+        transitions=transitions,
+        residency=residency,
+    )
+
+
+def _residency(rows: list[asyncpg.Record], scoped: str | None) -> Residency | None:
+    """The report's figures from its rows (`PgReadModel.residency`), counting only the namespaces of the
+    `scoped` tenant when there is one. `lost` is not kept per tenant: such a read does not show it."""
+    if not rows:
+        return None
+    held = [
+        HeldNamespace(
+            tenant=r["tenant"], prompt_rev=r["prompt_rev"], epoch=r["epoch"], prefixes=r["prefixes"]
+        )
+        for r in rows
+        if r["tenant"] is not None
+    ]
+    return Residency(
+        held=sum(namespace.prefixes for namespace in held),
+        lost=rows[0]["lost"] if scoped is None else None,
+        complete=rows[0]["complete"],
+        reported_at=rows[0]["occurred_at"],
+        by_tenant=held,
     )
 
 

@@ -102,8 +102,29 @@ class Transition(BaseModel):
     reason: str
 
 
+class HeldNamespace(BaseModel):
+    tenant: str
+    prompt_rev: str
+    epoch: int
+    prefixes: int = Field(description="prefixes held in this tenant's prompt revision at this epoch")
+
+
+class Residency(BaseModel):
+    """What the replica holds of the prefixes its warmer warmed since its current start, by the warmer's
+    latest report (read from the engine's KV cache events). Counts only, never prefix ids."""
+
+    held: int = Field(description="prefixes held; for a tenant-scoped read, only that tenant's")
+    lost: int | None = Field(
+        description="warmed prefixes no longer held, over every tenant: null for a tenant-scoped read"
+    )
+    complete: bool = Field(description="false: the report may leave out prefixes still held")
+    reported_at: datetime = Field(description="when the warmer made the report (its clock)")
+    by_tenant: list[HeldNamespace]
+
+
 class ReplicaDetail(Replica):
     transitions: list[Transition]
+    residency: Residency | None = Field(description="null until the warmer reports on the current start")
 
 
 class Plan(BaseModel):

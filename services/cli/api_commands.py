@@ -12,24 +12,10 @@ from typing import Any, TextIO
 
 from warmplane.services.cli.api_client import ApiClient, ApiError
 from warmplane.services.cli.progress import Progress
+from warmplane.services.cli.replica_text import REPLICA_COLUMNS, replica_row, residency_line
 from warmplane.services.cli.tables import render
 
 Handler = Callable[[ApiClient, argparse.Namespace, TextIO], int]
-REPLICA_COLUMNS = (
-    "replica",
-    "model",
-    "node",
-    "state",
-    "plan",
-    "done",
-    "items",
-    "verified",
-    "epoch",
-    "requests",
-    "hit_rate",
-    "reason",
-)
-"""`requests` and `hit_rate` (cached ÷ prompt tokens, `-` without traffic) are over the API's window."""
 HANDLERS: dict[str, Handler] = {}
 
 
@@ -142,22 +128,6 @@ def _acted(out: TextIO, args: argparse.Namespace, answer: dict[str, Any], done: 
     return 0
 
 
-def replica_row(replica: dict[str, Any]) -> dict[str, Any]:
-    """A replica as the API answers it, flattened into `REPLICA_COLUMNS`."""
-    plan = replica.get("latest_plan") or {}
-    hits = replica.get("hits") or {}
-    return {
-        **replica,
-        "plan": plan.get("state"),
-        "done": plan.get("items_done"),
-        "items": plan.get("items"),
-        "verified": plan.get("verified_hits"),
-        "epoch": plan.get("epoch"),
-        "requests": hits.get("requests"),
-        "hit_rate": hits.get("prefix_hit_ratio"),
-    }
-
-
 @_handles("replicas")
 def _replicas(client: ApiClient, args: argparse.Namespace, out: TextIO) -> int:
     answer = client.get(
@@ -172,6 +142,8 @@ def _replica(client: ApiClient, args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         return _show(out, args, answer, [], ())
     print(render([replica_row(answer)], REPLICA_COLUMNS), file=out)
+    if answer.get("residency"):
+        print(residency_line(answer["residency"]), file=out)
     print("\n" + render(answer["transitions"], ("occurred_at", "state", "reason")), file=out)
     return 0
 

@@ -1,5 +1,6 @@
 """The planner's Postgres reads and writes for warm plans: a model's statistics, catalogued payloads,
-tenants' epochs, live replicas and what they hold, and the idempotent record of an issued plan (0003-0005)."""
+tenants' epochs, live replicas and what they hold (0010: residency reports), and the idempotent record of
+an issued plan (0003-0005)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,12 @@ from warmplane.services.planner.core.simple_plan import NodeKey
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelStatistics
 from warmplane.services.planner.plans import Unplanned
 from warmplane.services.planner.policy import StoredPrefix
-from warmplane.shared.events import ModelRef, PrefixPayload, WarmFinished, WarmItem, WarmPlanIssued
+from warmplane.shared.events import ModelRef, PrefixPayload, WarmFinished, WarmPlanIssued
 
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
 _payload = msgspec.json.Decoder(PrefixPayload)
 _plan = msgspec.json.Decoder(WarmPlanIssued)
-_items = msgspec.json.Decoder(list[WarmItem])
 
 SCOPES_OF_MODEL = "SELECT scope_id FROM scopes WHERE model = $1"
 NODES = "SELECT scope_id, prefix_id, parent_id, tokens FROM prefix_nodes WHERE scope_id = ANY($1::integer[])"
@@ -40,8 +40,10 @@ LIVE_REPLICAS = """
 SELECT replica_id, node, model_revision, state, kv_capacity_tokens FROM replicas
 WHERE model = $1 AND state IN ('starting', 'loading', 'warming', 'ready') ORDER BY replica_id
 """
-# What a replica holds: the items of its verified plans from the one answering its latest start on (one
-# clock, the planner's, orders them). A partial plan's held items are not known by name: left out.
+# What a replica holds (`PgPlanStore.held`): the items of its verified plans from the one answering its
+# latest start on (one clock, the planner's, orders them; a partial plan's held items are not known by name:
+# left out) or, once its warmer reported on that start, the report's prefixes and the items of those plans
+# that finished after it (the warmer's clock, both). `> ALL` of no report is true.
 HELD = """
 WITH latest AS (
     SELECT event_id FROM replica_transitions
@@ -49,9 +51,19 @@ WITH latest AS (
 ), answered AS (
     SELECT p.issued_at FROM warm_plans p JOIN latest l ON p.trigger_event_id = l.event_id
     WHERE p.replica_id = $1
+), report AS (
+    SELECT r.occurred_at, r.held FROM replica_residency r JOIN latest l ON r.incarnation = l.event_id
+    WHERE r.replica_id = $1
 )
-SELECT p.epoch, p.items::text FROM warm_plans p, answered a
+SELECT (i.item->>'prefix_id')::bigint, coalesce(i.item->>'tenant', ''),
+       coalesce((i.item->>'epoch')::bigint, p.epoch)
+FROM warm_plans p CROSS JOIN answered a CROSS JOIN LATERAL jsonb_array_elements(p.items) AS i(item)
 WHERE p.replica_id = $1 AND p.state = 'verified' AND p.issued_at >= a.issued_at
+  AND p.finished_at > ALL (SELECT occurred_at FROM report)
+UNION
+SELECT id::bigint, h.entry->>0, (h.entry->>2)::bigint
+FROM report r CROSS JOIN LATERAL jsonb_array_elements(r.held) AS h(entry)
+CROSS JOIN LATERAL jsonb_array_elements_text(h.entry->3) AS id
 """
 RECORD_PLAN = """
 INSERT INTO warm_plans (plan_id, replica_id, node, model, epoch, state, items, budget_tokens, deadline,
@@ -142,17 +154,17 @@ class PgPlanStore:
         return [LiveReplica(*row) for row in rows]
 
     async def held(self, replica: str) -> list[HeldItem]:
-        """The prefixes `replica` holds by its verified plans since its latest start, each in the
-        (tenant, epoch) it was warmed in; [] before its start's plan. An unreadable row is skipped."""
-        held: list[HeldItem] = []
-        for epoch, text in await self._pool.fetch(HELD, replica):
-            try:
-                items = _items.decode(text)
-            except msgspec.DecodeError:
-                log.warning("the items of a plan of %s do not decode; taken as not held", replica)
-                continue
-            held += [HeldItem(item.prefix_id, item.tenant, item.epoch_in(epoch)) for item in items]
-        return held
+        """The prefixes `replica` holds since its latest start, each once, in the (tenant, epoch) it was
+        warmed in; [] before its start's plan verified or its warmer reported on that start.
+
+        Without a residency report on its latest start: the items of its verified plans (an eviction since
+        goes unseen). With one: the report's prefixes (what the engine's KV events say is still there)
+        and the items of the plans verified after it. A report that is not `complete` may leave out
+        prefixes still held; planning then chooses a few of them again, which takes a little of the plan's
+        budget and a cached request each at the warmer. Accepted: the gap is short (the warmer settles it
+        with a probe), and counting only what the report shows never takes an evicted prefix for held.
+        """
+        return [HeldItem(*row) for row in await self._pool.fetch(HELD, replica)]
 
     async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool:
         """Record `plan` as issued for `trigger_event_id`; False (and nothing written) if `plan.replica`

@@ -23,6 +23,7 @@ import msgspec
 
 from warmplane.services.planner.core.ingest_batch import IngestBatch, Scope
 from warmplane.services.planner.core.recent_ids import pack_ids, unpack_ids
+from warmplane.services.planner.pg_residency import record_residency
 from warmplane.shared.events import EpochBumped, Event, ReplicaEvent, WarmFinished, WarmProgressed
 
 _json = msgspec.json.Encoder()
@@ -311,7 +312,8 @@ class PgIngestStore:
         return {scope: self._scope_ids[scope] for scope in scopes}
 
     async def _record_fleet(self, connection: asyncpg.Connection, batch: IngestBatch) -> None:
-        """Replica transitions and fleet changes: few per batch, one statement each."""
+        """Replica transitions, fleet changes, plan results and residency reports: few per batch, one
+        statement each."""
         for event in batch.replica_events:
             await self._record_replica(connection, event)
         for change in batch.fleet_changes:
@@ -337,6 +339,7 @@ class PgIngestStore:
                 )
         for result in batch.plan_results:
             await self._record_result(connection, result)
+        await record_residency(connection, batch.residency.values())
 
     async def _record_result(
         self, connection: asyncpg.Connection, result: WarmProgressed | WarmFinished

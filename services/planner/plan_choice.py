@@ -1,11 +1,12 @@
 """Choosing the items of warm plans: the statistics a plan is chosen from are read here, the decisions are
 the pure policy's (`policy.trie_from_counts`, `policy.choose_for_replica`).
 
-For a model (and, for an epoch bump, one tenant of it), the trie is built once from the stored counts of
-the last `window_hours`, decayed to now with `half_life_s`; then, per replica, the selection keeps the
-prefixes the gateway's ring sends to it among the model's live replicas (the replica included), within
-the budget (settings, capped by its KV capacity), minus what it already holds: the items of its verified
-plans since its latest start, in their tenant's current epoch. Only catalogued prefixes can be warmed (a
+For a model (and, for an epoch bump, one tenant of it), the trie is built once from the stored counts of the
+last `window_hours`, decayed to now with `half_life_s`; then, per replica, the selection keeps the prefixes
+the gateway's ring sends to it among the model's live replicas (the replica included), within the budget
+(settings, capped by its KV capacity), minus what it already holds (`PgPlanStore.held`: its warmer's
+residency report on its latest start and the plans verified after it, or without a report the items of its
+verified plans since that start), in their tenant's current epoch. Only catalogued prefixes can be warmed (a
 payload renders them and their chain). Items name their tenant, prompt revision and current epoch.
 """
 
@@ -64,7 +65,8 @@ class LiveReplica:
 
 @dataclass(frozen=True, slots=True)
 class HeldItem:
-    """A prefix a replica holds (a verified plan's item since its latest start), in (tenant, epoch)."""
+    """A prefix a replica holds (reported by its warmer, or a verified plan's item since its latest start),
+    in (tenant, epoch)."""
 
     prefix_id: int
     tenant: str

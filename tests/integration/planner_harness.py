@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,7 +19,14 @@ from warmplane.services.planner.app import Planner, build_planner
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.events import Event, ModelRef, RequestObserved
+from warmplane.shared.events import (
+    Event,
+    HeldPrefixes,
+    ModelRef,
+    ReplicaResidency,
+    ReplicaStarted,
+    RequestObserved,
+)
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.settings import KafkaSettings, settings_environment
 from warmplane.shared.topics import Topics, partition_key
@@ -51,6 +59,43 @@ def request(
         prompt_tokens=prompt_tokens if prompt_tokens is not None else tokens[-1] + 1,
         cached_tokens=cached_tokens,
         **extra,  # type: ignore[arg-type]
+    )
+
+
+def residency_report(
+    replica: str,
+    incarnation: uuid.UUID,
+    at: datetime,
+    held: Sequence[HeldPrefixes] = (),
+    *,
+    lost: int = 0,
+    complete: bool = True,
+    event_id: uuid.UUID | None = None,
+) -> ReplicaResidency:
+    """A residency report of `replica` on its start `incarnation`, made at `at` by node-1's warmer."""
+    return ReplicaResidency(
+        event_id=event_id or new_event_id(),
+        occurred_at=at,
+        producer="warmer/node-1",
+        model=MODEL,
+        replica=replica,
+        node="node-1",
+        incarnation=incarnation,
+        held=list(held),
+        lost=lost,
+        complete=complete,
+    )
+
+
+def replica_started(replica: str, at: datetime) -> ReplicaStarted:
+    """`replica` (on node-1) started at `at`."""
+    return ReplicaStarted(
+        event_id=new_event_id(),
+        occurred_at=at,
+        producer="warmer",
+        model=MODEL,
+        replica=replica,
+        node="node-1",
     )
 
 

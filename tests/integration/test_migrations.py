@@ -26,6 +26,7 @@ PLANNER_TABLES = {
     "fleet_changes",
     "warm_plans",
     "replica_stats",
+    "replica_residency",
 }
 _TIMEOUT_S = 10.0
 

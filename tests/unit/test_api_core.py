@@ -12,7 +12,7 @@ from pydantic import SecretStr
 from warmplane.services.api import figures
 from warmplane.services.api.auth import Forbidden, Principal, TokenBook, Unauthenticated
 from warmplane.services.api.settings import ApiSettings, ApiToken
-from warmplane.services.cli.api_commands import REPLICA_COLUMNS, replica_row
+from warmplane.services.cli.replica_text import REPLICA_COLUMNS, replica_row, residency_line
 from warmplane.services.cli.tables import render
 from warmplane.shared.settings import SettingsError, load_settings
 
@@ -155,3 +155,21 @@ def test_the_replicas_table_shows_each_replicas_requests_and_hit_rate_from_the_a
         "r-2      issued      3         0         -",
     ]
     assert set(REPLICA_COLUMNS) >= {"requests", "hit_rate"}
+
+
+def test_a_replicas_residency_reads_as_one_line_of_counts_and_namespaces() -> None:
+    residency: dict[str, Any] = {
+        "held": 6, "lost": 2, "complete": False, "reported_at": "2026-11-30T06:00:00Z",
+        "by_tenant": [
+            {"tenant": "acme", "prompt_rev": "v1", "epoch": 2, "prefixes": 3},
+            {"tenant": "", "prompt_rev": "", "epoch": 0, "prefixes": 3},
+        ],
+    }  # fmt: skip
+    assert residency_line(residency) == (
+        "residency (reported 2026-11-30T06:00:00Z): 6 held, 2 lost, incomplete: more may be held;"
+        " acme/v1@2: 3, -@0: 3"
+    )
+    # A tenant-scoped answer has no `lost`; a complete report of nothing held says just that.
+    assert residency_line({**residency, "held": 0, "lost": None, "complete": True, "by_tenant": []}) == (
+        "residency (reported 2026-11-30T06:00:00Z): 0 held"
+    )

@@ -21,10 +21,12 @@ from warmplane.services.planner.core.ingest_batch import (
 from warmplane.services.planner.core.node_cache import NodeCache
 from warmplane.shared.events import (
     DeployStarted,
+    HeldPrefixes,
     ModelRef,
     PrefixMissed,
     PrefixPayload,
     ReplicaBecameReady,
+    ReplicaResidency,
     RequestObserved,
     WarmPlanIssued,
     WarmProgressed,
@@ -256,6 +258,25 @@ def test_other_events_are_routed_or_ignored() -> None:
     assert batch.plan_results == [progress]
     assert batch.ignored == 1
     assert batch.requests.scopes == [] and batch.scopes() == set()
+
+
+def _report(replica: str, seconds: int, event_id: int) -> ReplicaResidency:
+    return ReplicaResidency(
+        event_id=uuid.UUID(int=event_id), occurred_at=BASE + timedelta(seconds=seconds), producer="w",
+        model=MODEL, replica=replica, node="n", incarnation=uuid.UUID(int=1),
+        held=[HeldPrefixes("acme", "", 0, [seconds])],
+    )  # fmt: skip
+
+
+@given(st.permutations([("r", 1, 10), ("r", 3, 5), ("r", 3, 7), ("r", 2, 99), ("s", 0, 1)]))
+def test_a_batch_keeps_each_replicas_newest_report_in_any_order(order: list[tuple[str, int, int]]) -> None:
+    """Later `occurred_at` first, then the larger event id: the same report stands whatever the order."""
+    batch = fold_events([_report(*fields) for fields in order], stored_nodes=set())
+    assert {r: (e.occurred_at, e.event_id.int) for r, e in batch.residency.items()} == {
+        "r": (BASE + timedelta(seconds=3), 7),
+        "s": (BASE, 1),
+    }
+    assert batch.ignored == 0 and batch.has_records
 
 
 def test_node_cache_rejects_a_capacity_below_one() -> None:

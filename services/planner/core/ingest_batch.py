@@ -3,8 +3,8 @@
 A batch becomes: the columns of its requests and misses (one entry per event, which Postgres sums per
 (scope, prefix, time bucket), and a request's also per (replica, scope, time bucket), in the batch's one
 statement), the new ends of chains not yet known to be
-stored, catalog payloads, replica transitions, fleet changes and warm results (which move the state of
-the plans they answer).
+stored, catalog payloads, replica transitions, fleet changes, warm results (which move the state of
+the plans they answer) and each replica's latest residency report in the batch.
 
 The fold runs once per event at fleet rates, so its per-event work is column extraction in list
 comprehensions and set operations in C; the summing moved to Postgres, on the other core (a
@@ -26,6 +26,7 @@ from warmplane.shared.events import (
     PrefixMissed,
     PrefixPayload,
     ReplicaEvent,
+    ReplicaResidency,
     ReplicaRewarmRequested,
     RequestObserved,
     WarmFinished,
@@ -121,12 +122,15 @@ class IngestBatch:
     replica_events: list[ReplicaEvent] = field(default_factory=list)
     fleet_changes: list[Event] = field(default_factory=list)
     plan_results: list[WarmProgressed | WarmFinished] = field(default_factory=list)
+    residency: dict[str, ReplicaResidency] = field(default_factory=dict)
+    """Each replica's newest residency report in the batch (`newer_report`): a report replaces the whole
+    of an earlier one, so the others would be overwritten in the same transaction."""
     ignored: int = 0
 
     @property
     def has_records(self) -> bool:
         """Whether the batch holds more than counters: rows written beside the batch's counts."""
-        return bool(self.replica_events or self.fleet_changes or self.plan_results)
+        return bool(self.replica_events or self.fleet_changes or self.plan_results or self.residency)
 
     def edges(self) -> dict[NodeKey, ChainEdge]:
         """Every prefix the paths add, with its edge (for readers; the store writes the paths)."""
@@ -171,11 +175,21 @@ def fold_events(events: Iterable[Event], *, stored_nodes: Set[NodeKey]) -> Inges
             batch.fleet_changes.append(event)
         elif isinstance(event, WarmProgressed | WarmFinished):
             batch.plan_results.append(event)
+        elif isinstance(event, ReplicaResidency):
+            kept = batch.residency.get(event.replica)
+            batch.residency[event.replica] = event if kept is None else newer_report(kept, event)
         else:
             batch.ignored += 1
     if misses:
         _fold_misses(batch.misses, misses)
     return batch
+
+
+def newer_report(a: ReplicaResidency, b: ReplicaResidency) -> ReplicaResidency:
+    """The report that stands of two about one replica: the later `occurred_at` (the warmer's clock), and
+    on a tie the larger event id (UUIDv7: the later one made), so every order of arrival keeps the same.
+    The store applies the same rule against the stored row."""
+    return a if (a.occurred_at, a.event_id) >= (b.occurred_at, b.event_id) else b
 
 
 def _fold_requests(batch: IngestBatch, events: list[RequestObserved], stored: Set[NodeKey]) -> None:
