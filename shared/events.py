@@ -280,6 +280,10 @@ class HeldPrefixes(Struct, array_like=True, frozen=True, gc=False):
     epoch: Epoch
     prefix_ids: Annotated[list[PrefixId], Meta(max_length=MAX_RESIDENT_PREFIXES)]
 
+    def __post_init__(self) -> None:
+        if "\x00" in f"{self.tenant}{self.prompt_rev}":
+            raise ValueError("names must not contain NUL")
+
 
 class ReplicaResidency(Event, kw_only=True, frozen=True, tag="replica.residency"):
     """What a replica holds of the prefixes its warmer warmed in its current start (`incarnation`, the id

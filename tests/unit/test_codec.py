@@ -82,6 +82,12 @@ def _request(**changes: Json) -> bytes:
     return encode_json(payload)
 
 
+def _residency(**changes: Json) -> bytes:
+    payload = golden_dict("replica.residency")
+    payload.update(changes)
+    return encode_json(payload)
+
+
 def _future_shape() -> bytes:
     """Version 2 of a type may drop or retype version 1 fields: still reported as from the future."""
     payload = golden_dict("request.observed")
@@ -118,6 +124,8 @@ def _future_shape() -> bytes:
         pytest.param(_request(occurred_at="2026-11-29T12:00:00.123000"), "timezone", id="naive-datetime"),
         pytest.param(_request(prompt_tokens=-1), "`$.prompt_tokens`", id="negative-tokens"),
         pytest.param(_request(event_id="not-a-uuid"), "`$.event_id`", id="bad-uuid"),
+        pytest.param(_residency(held=[["ac\u0000me", "", 1, [7]]]), "must not contain NUL", id="nul-tenant"),
+        pytest.param(_residency(held=[["acme", "", -1, [7]]]), "`$.held[0][2]`", id="negative-epoch"),
     ],
 )
 def test_failure_reasons(data: bytes, expected: str) -> None:
