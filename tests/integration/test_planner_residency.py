@@ -71,7 +71,7 @@ def as_row(event: ReplicaResidency, held_count: int) -> dict[str, object]:
 
 async def test_the_planner_keeps_each_replicas_newest_report_once(planner_settings: PlannerSettings) -> None:
     """Reports of one batch, then an older one and a copy in later batches: the newest stands, every
-    report's id is in the ledger with the batch, and a report Postgres cannot store is dead-lettered alone."""
+    report's id is in the ledger with the batch, and a report with a NUL in a name is dead-lettered alone."""
     kafka = planner_settings.kafka
     now = datetime.now(UTC)
     start = replica_started("r-a", now)
@@ -86,9 +86,11 @@ async def test_the_planner_keeps_each_replicas_newest_report_once(planner_settin
         lost=1,
     )
     other = residency_report("r-b", new_event_id(), now + timedelta(seconds=1), complete=False)
-    # Decodes (a tenant name may hold NUL on the wire), but `jsonb` refuses it.
-    unstorable = residency_report("r-c", new_event_id(), now, [HeldPrefixes("ac\u0000me", "", 0, [5])])
-    await produce(kafka, [start, older, newer, other, unstorable])
+    # A NUL in a tenant name (which `jsonb` could not store) is refused by the decoder.
+    fine = residency_report("r-c", new_event_id(), now, [HeldPrefixes("acme", "", 0, [5])])
+    unstorable = msgspec.json.encode(fine).replace(b'"acme"', b'"ac\\u0000me"')
+    topics = Topics(kafka.topic_prefix)
+    await produce(kafka, [start, older, newer, other, (topics.warm_results, unstorable)])
     db = await asyncpg.connect(planner_settings.postgres.asyncpg_dsn())
     try:
         async with running_planner(planner_settings) as planner:
@@ -117,9 +119,9 @@ async def test_the_planner_keeps_each_replicas_newest_report_once(planner_settin
             for event_id in unpack_ids(packed)
         }  # fmt: skip
         assert ledger == {e.event_id.int for e in (start, older, newer, other, oldest)}
-        letters = await read_topic(kafka, Topics(kafka.topic_prefix).dead_letter)
+        letters = await read_topic(kafka, topics.dead_letter)
         assert [(dict(r.headers)[DeadLetterHeaders.REASON].decode(), r.value) for r in letters] == [
-            ("rejected by Postgres: a value it cannot store", msgspec.json.encode(unstorable))
+            ("invalid replica.residency: names must not contain NUL - at `$.held[0]`", unstorable)
         ]
     finally:
         await db.close()
