@@ -217,7 +217,8 @@ class KafkaConsumerPort:
         mine = {tp: offset for (t, p), offset in offsets.items() if (tp := TopicPartition(t, p)) in assigned}
         if mine:
             # Bounded: a consumer facing a broker that lost its topics would otherwise retry forever.
-            await asyncio.wait_for(self._consumer.commit(mine), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                await self._consumer.commit(mine)
 
     def seek(self, partition: Partition, offset: int) -> None:
         self._consumer.seek(TopicPartition(*partition), offset)
