@@ -14,7 +14,6 @@ or the end of the current event-loop step, whichever comes first, so nothing wai
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 from typing import Any
 
@@ -74,8 +73,14 @@ class AsgiServer:
     async def stop(self) -> None:
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(self._task, self._stop_timeout_s)
+            # Not `wait_for` under a suppressed CancelledError: that also swallowed a cancellation of
+            # the caller (and on 3.11 `wait_for` can lose one by itself, gh-86296).
+            done, _ = await asyncio.wait({self._task}, timeout=self._stop_timeout_s)
+            if not done:
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
+            elif not self._task.cancelled():
+                self._task.result()  # a server that failed says so
         if self._socket is not None:
             self._socket.close()
 

@@ -66,7 +66,8 @@ class KafkaDeadLetterSink:
             )
             for letter in letters
         ]
-        await asyncio.wait_for(asyncio.gather(*pending), self._timeout_s)
+        async with asyncio.timeout(self._timeout_s):
+            await asyncio.gather(*pending)
 
 
 def reason_class(reason: str) -> str:

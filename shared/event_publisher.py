@@ -56,4 +56,5 @@ class KafkaEventPublisher:
             )
             for e in events
         ]
-        await asyncio.wait_for(asyncio.gather(*pending), self._timeout_s)
+        async with asyncio.timeout(self._timeout_s):
+            await asyncio.gather(*pending)

@@ -22,14 +22,17 @@ async def ensure_topics(settings: KafkaSettings, topics: Iterable[str], *, timeo
         request_timeout_ms=settings.request_timeout_ms,
     )
     try:
-        await asyncio.wait_for(admin.start(), timeout_s)
-        existing = set(await asyncio.wait_for(admin.list_topics(), timeout_s))
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+        async with asyncio.timeout(timeout_s):
+            existing = set(await admin.list_topics())
         missing = [name for name in topics if name not in existing]
         if not missing:
             return
         new = [NewTopic(name, settings.partitions, settings.replication_factor) for name in missing]
         try:
-            await asyncio.wait_for(admin.create_topics(new), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await admin.create_topics(new)
         except TopicAlreadyExistsError:
             log.info("topics were created concurrently: %s", missing)
         log.info("created topics %s with %d partitions", missing, settings.partitions)

@@ -138,7 +138,8 @@ async def run_up(options: UpOptions, out: TextIO) -> None:
                     await asyncio.Event().wait()
         finally:
             planner.app.exit()
-            await asyncio.wait_for(task, 30)
+            async with asyncio.timeout(30):
+                await task
 
 
 def _report(warm: WarmSummary, shares: list[float], compared: int, out: TextIO) -> None:

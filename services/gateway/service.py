@@ -166,7 +166,8 @@ class Gateway:
         await follower.start()
         self._stack.push_async_callback(follower.stop)
         try:
-            await asyncio.wait_for(follower.caught_up.wait(), options.catch_up_timeout_s)
+            async with asyncio.timeout(options.catch_up_timeout_s):
+                await follower.caught_up.wait()
         except TimeoutError:
             log.warning(
                 "the lifecycle topic %s was not read to its end within %.0f s: serving with %s known",

@@ -34,6 +34,7 @@ from warmplane.services.planner.ingestor import Ingestor, Offsets, Partition
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_fleet import PgFleetStore
 from warmplane.services.planner.pg_plans import PgPlanStore
+from warmplane.services.planner.pg_retention import sweep_statistics
 from warmplane.services.planner.pg_store import PgIngestStore
 from warmplane.services.planner.plans import PlanIssuer
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
@@ -178,7 +179,7 @@ async def _resources(
             after_commit=reactor.after_commit,
         )
         ingestor.start()
-        sweeper = asyncio.create_task(_sweep_forever(store, settings), name="planner-retention")
+        sweeper = asyncio.create_task(_sweep_forever(store, pool, settings), name="planner-retention")
         stack.push_async_callback(_cancel, sweeper)
         catcher = asyncio.create_task(
             _catch_up_forever(issuer, reactor, settings.plans), name="planner-catch-up"
@@ -217,7 +218,8 @@ class KafkaConsumerPort:
         mine = {tp: offset for (t, p), offset in offsets.items() if (tp := TopicPartition(t, p)) in assigned}
         if mine:
             # Bounded: a consumer facing a broker that lost its topics would otherwise retry forever.
-            await asyncio.wait_for(self._consumer.commit(mine), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                await self._consumer.commit(mine)
 
     def seek(self, partition: Partition, offset: int) -> None:
         self._consumer.seek(TopicPartition(*partition), offset)
@@ -248,7 +250,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("resumed %d of %d assigned partitions from Postgres", len(positions), len(assigned))
 
 
-async def _sweep_forever(store: PgIngestStore, settings: PlannerSettings) -> None:
+async def _sweep_forever(store: PgIngestStore, pool: asyncpg.Pool, settings: PlannerSettings) -> None:
     ingest = settings.ingest
     while True:
         await asyncio.sleep(ingest.sweep_interval_s)
@@ -258,7 +260,14 @@ async def _sweep_forever(store: PgIngestStore, settings: PlannerSettings) -> Non
                 ledger_before=now - timedelta(hours=ingest.ledger_retention_hours),
                 catalog_before=now - timedelta(hours=ingest.catalog_retention_hours),
             )
-            log.info("retention sweep removed %d ledger rows and %d catalog payloads", ledger, catalog)
+            stats_before = now - timedelta(hours=ingest.stats_retention_hours)
+            stats = await sweep_statistics(pool, int(stats_before.timestamp()) // ingest.bucket_seconds)
+            log.info(
+                "retention sweep removed %d ledger rows, %d catalog payloads and %d statistics rows",
+                ledger,
+                catalog,
+                stats,
+            )
         except (OSError, asyncpg.PostgresError):
             log.warning("retention sweep failed; retrying next interval", exc_info=True)
 

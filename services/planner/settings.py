@@ -27,6 +27,9 @@ class IngestSettings(BaseModel):
     dedup_window_per_partition: Annotated[int, Field(ge=1_000)] = 20_000
     """How many recent event ids per partition are checked for a producer's retried duplicates."""
     catalog_retention_hours: Hours = 24.0 * 7
+    stats_retention_hours: Hours = 24.0 * 31
+    """How long request, miss and per-replica sums are kept (by their bucket's time): at least the API's
+    longest window (30 days) and the planner's `WARMPLANE_PLANS__WINDOW_HOURS`."""
     catalog_max_payload_bytes: Positive = 64 * 1024
     sweep_interval_s: Annotated[float, Field(gt=0)] = 300.0
     node_cache_size: Annotated[int, Field(ge=2)] = 1_000_000
@@ -107,3 +110,12 @@ class PlannerSettings(WarmplaneSettings):
     cold_start: ColdStartSettings = ColdStartSettings()
     metrics_port: Annotated[int, Field(ge=0, le=65_535)] = 9464
     """Port of the Prometheus endpoint; 0 turns it off."""
+
+    @model_validator(mode="after")
+    def _statistics_outlive_the_plans_window(self) -> Self:
+        if self.ingest.stats_retention_hours < self.plans.window_hours:
+            raise ValueError(
+                f"ingest.stats_retention_hours ({self.ingest.stats_retention_hours:g}) is shorter than "
+                f"plans.window_hours ({self.plans.window_hours:g}): plans would read swept statistics"
+            )
+        return self

@@ -181,7 +181,8 @@ class Warmer:
         await asyncio.gather(*others, return_exceptions=True)
         if outbox is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._outbox.join(), self.settings.warm.publish_timeout_s)
+                async with asyncio.timeout(self.settings.warm.publish_timeout_s):
+                    await self._outbox.join()
             outbox.cancel()
             await asyncio.gather(outbox, return_exceptions=True)
         await self._stack.aclose()

@@ -1,4 +1,4 @@
-"""The retention sweep drops old ledger rows and catalog payloads, and nothing younger."""
+"""The retention sweep drops old ledger rows, catalog payloads and statistics buckets, and nothing younger."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from warmplane.services.planner.pg_retention import STATISTICS_TABLES, sweep_statistics
 from warmplane.services.planner.pg_store import PgIngestStore
 
 
@@ -32,5 +33,33 @@ async def test_sweep_removes_only_what_is_past_retention(migrated_database: str)
         assert removed == (1, 1)
         assert await pool.fetchval("SELECT array_agg(first_offset) FROM ingest_ledger") == [10]
         assert await pool.fetchval("SELECT array_agg(prefix_id) FROM prefix_catalog") == [2]
+    finally:
+        await pool.close()
+
+
+async def test_statistics_buckets_before_the_cut_go_in_chunks_and_later_ones_stay(
+    migrated_database: str,
+) -> None:
+    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
+    try:
+        # Buckets 0 to 9, three keys each, in every statistics table.
+        await pool.execute(
+            "INSERT INTO prefix_stats (scope_id, prefix_id, bucket, requests)"
+            " SELECT 1, k, b, 1 FROM generate_series(0, 9) b, generate_series(1, 3) k"
+        )
+        await pool.execute(
+            "INSERT INTO miss_stats (scope_id, prefix_id, bucket, misses)"
+            " SELECT 1, k, b, 1 FROM generate_series(0, 9) b, generate_series(1, 3) k"
+        )
+        await pool.execute(
+            "INSERT INTO replica_stats (replica, bucket, scope_id, requests)"
+            " SELECT 'r' || k, b, 1, 1 FROM generate_series(0, 9) b, generate_series(1, 3) k"
+        )
+        removed = await sweep_statistics(pool, before_bucket=4, chunk=5)  # 12 rows a table: 3 chunks
+        assert removed == 3 * 12
+        for table in STATISTICS_TABLES:
+            kept = await pool.fetchval(f"SELECT array_agg(DISTINCT bucket ORDER BY bucket) FROM {table}")
+            assert kept == list(range(4, 10)), table
+        assert await sweep_statistics(pool, before_bucket=4) == 0
     finally:
         await pool.close()

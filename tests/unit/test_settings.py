@@ -161,3 +161,12 @@ def test_the_planners_policy_settings_refuse_half_a_seconds_budget_and_inverted_
     settings = load_settings(PlannerSettings)
     assert (settings.plans.warm_seconds, settings.plans.prefill_tokens_per_s) == (30, 2000)
     assert (settings.cold_start.clear_ratio, settings.routing.depth) == (0.1, 1)
+
+
+def test_statistics_must_be_kept_at_least_as_long_as_plans_read_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMPLANE_INGEST__STATS_RETENTION_HOURS", "12")
+    with pytest.raises(SettingsError) as raised:
+        load_settings(PlannerSettings)
+    assert "stats_retention_hours (12) is shorter than plans.window_hours (24)" in str(raised.value)
+    monkeypatch.setenv("WARMPLANE_PLANS__WINDOW_HOURS", "6")
+    assert load_settings(PlannerSettings).ingest.stats_retention_hours == 12
