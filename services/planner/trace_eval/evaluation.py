@@ -5,6 +5,10 @@ Per policy, for the new replica: the prefix hit ratio (cached blocks / prompt bl
 first 5 minutes and everything after the join; requests with no cached block in the first 5 minutes;
 prefill tokens spent warming; tokens saved (hit tokens beyond the unwarmed run's, same requests); yield =
 saved / spent. `steady` is the unwarmed newcomer's hit ratio from 5 minutes after the join to the end.
+
+`ceiling` is no policy: it knows the future. It warms every block seen before the join that the newcomer
+will request in its first 5 minutes, in order of first use, within the token limit: the most a policy
+that knows only the history could warm usefully, so its figures bound every policy's (eviction aside).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from warmplane.services.planner.trace_eval.fleet_sim import (
     with_routing_depth,
 )
 from warmplane.services.planner.trace_eval.params import EvalParams
-from warmplane.services.planner.trace_eval.policies import NEW, POLICIES, Setup, warm_cache
+from warmplane.services.planner.trace_eval.policies import NEW, POLICIES, Setup, WarmBlocks, warm_cache
 from warmplane.shared.hash_ring import HashRing
 
 _MAX_KEY_SHARE = 0.05
@@ -62,6 +66,7 @@ class TraceResult:
     outcomes: list[Outcome]
     established: tuple[float, float, float]
     steady: float
+    ceiling: Outcome
 
     def by_policy(self, policy: str) -> Outcome:
         """The outcome of `policy`; raises `KeyError` for a policy not run."""
@@ -122,6 +127,8 @@ def evaluate(name: str, requests: Sequence[Request], params: EvalParams) -> Trac
         served = [serve(cache, request, NEW) for request in newcomer]
         unwarmed = unwarmed or served
         outcomes.append(outcome(policy, served, unwarmed, spent, join_t))
+    cache, spent = warm_cache(params.capacity_blocks, ceiling_blocks(history, newcomer, join_t, params))
+    ceiling = outcome("(ceiling)", [serve(cache, r, NEW) for r in newcomer], unwarmed, spent, join_t)
     after_join = [s for s in served_old if s.t >= join_t]
     return TraceResult(
         name,
@@ -137,7 +144,31 @@ def evaluate(name: str, requests: Sequence[Request], params: EvalParams) -> Trac
             hit_ratio(after_join, join_t, float("inf")),
         ),
         hit_ratio(unwarmed, join_t + 300, float("inf")),
+        ceiling,
     )
+
+
+def ceiling_blocks(
+    history: Sequence[Request], newcomer: Sequence[Request], join_t: float, params: EvalParams
+) -> WarmBlocks:
+    """The blocks seen before the join that the newcomer requests within 5 minutes of it, in order of
+    first use, within the token limit (a block seen implies its ancestors were: chains are prefixes)."""
+    seen = {block for request in history for block in request.chain}
+    chosen: WarmBlocks = []
+    taken: set[int] = set()
+    used = 0
+    for request in newcomer:
+        if request.t >= join_t + 300:
+            break
+        for block, tokens in zip(request.chain, request.own_tokens, strict=True):
+            if block not in seen or block in taken:
+                continue
+            if used + tokens > params.limit_tokens:
+                return chosen
+            taken.add(block)
+            chosen.append((block, tokens))
+            used += tokens
+    return chosen
 
 
 def _serve_established(
