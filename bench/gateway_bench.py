@@ -87,9 +87,10 @@ def gateway_process(
 
 
 @contextmanager
-def router_process(workdir: Path, binary: str, engine: EmbeddedVllm) -> Iterator[str]:
+def router_process(workdir: Path, binary: str, worker_url: str) -> Iterator[str]:
+    """`vllm-router --policy consistent_hash` over the one worker at `worker_url`; its URL."""
     port = free_port()
-    argv = [binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", engine.base_url]
+    argv = [binary, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", worker_url]
     argv += ["--policy", "consistent_hash", "--log-level", "warning", "--prometheus-port", str(free_port())]
     proc = start_process(argv, workdir / "vllm-router.log")
     url = f"http://127.0.0.1:{port}"
@@ -202,7 +203,7 @@ def _targets(
             gateway_process(workdir, url, model, kafka, python=args.base_python)
         )
     if args.router:
-        targets["vllm-router"] = stack.enter_context(router_process(workdir, args.router, engine))
+        targets["vllm-router"] = stack.enter_context(router_process(workdir, args.router, engine.base_url))
     else:
         print("vllm-router not found (pip install vllm-router, or --router PATH): engine only")
     return targets

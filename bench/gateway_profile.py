@@ -16,8 +16,10 @@ the gateway, interleaved; the added p50 is the gateway's median minus the stub's
 the gateway process meanwhile (py-spy must be on the PATH or beside this Python) and writes collapsed
 stacks to OUT, then prints the frames holding the most samples. `--base-python` adds a second
 gateway run by another interpreter (a virtualenv with another checkout installed), interleaved: the
-before/after that a busy machine still allows. `--python` picks the first one's. CPU per request
-is read from /proc; on a loaded VM it counts waits for the CPU too, so compare it only within a run.
+before/after that a busy machine still allows. `vllm-router` (`--router`, found by default) runs over the
+same stub too: the two routers' added latency, with no engine competing for the cores. `--python` picks
+the first one's. CPU per request is read from /proc; on a loaded VM it counts waits for the CPU too, so
+compare it only within a run.
 `bench.gateway_bench` remains the measure the issue's targets are stated in: this one isolates the
 gateway from the engine's noise.
 """
@@ -44,7 +46,7 @@ from typing import Any
 import msgspec
 from pydantic import SecretStr
 
-from bench.gateway_bench import KEY, gateway_process
+from bench.gateway_bench import KEY, gateway_process, router_process
 from bench.gateway_stub import ANSWER, BODY, MODEL, USAGE, RawClient, stub_process
 from warmplane.services.gateway.app import bootstrap
 from warmplane.services.gateway.membership import Replica, static_membership
@@ -182,8 +184,9 @@ def _gateway_pid(port: int) -> int:
     return int(out.stdout.split("pid=")[1].split(",")[0])
 
 
-def run_stack(requests: int, py_spy_out: str | None, pythons: dict[str, str]) -> None:
-    """`pythons`: each gateway to measure by name, with its interpreter; py-spy samples the first."""
+def run_stack(requests: int, py_spy_out: str | None, pythons: dict[str, str], router: str | None) -> None:
+    """`pythons`: each gateway to measure by name, with its interpreter; py-spy samples the first;
+    `router`: the vllm-router binary, measured over the same stub (None: not measured)."""
     with tempfile.TemporaryDirectory(prefix="warmplane-gateway-profile-") as folder, ExitStack() as stack:
         workdir = Path(folder)
         stub_url = stack.enter_context(stub_process(workdir))
@@ -191,6 +194,8 @@ def run_stack(requests: int, py_spy_out: str | None, pythons: dict[str, str]) ->
         urls = {"stub": stub_url}
         for name, python in pythons.items():
             urls[name] = stack.enter_context(gateway_process(workdir, stub_url, MODEL, kafka, python=python))
+        if router is not None:
+            urls["vllm-router"] = stack.enter_context(router_process(workdir, router, stub_url))
         ports = {name: int(url.rsplit(":", 1)[1]) for name, url in urls.items()}
         clients = {name: RawClient(port) for name, port in ports.items()}
         pids = {name: _gateway_pid(ports[name]) for name in pythons}
@@ -267,6 +272,11 @@ def _summarise(path: Path, top: int = 40) -> None:
         print(f"  {100 * count / total:5.1f}%  {frame}")
 
 
+def _beside_python(name: str) -> str | None:
+    path = Path(sys.executable).with_name(name)
+    return str(path) if path.exists() else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -280,6 +290,12 @@ def main() -> None:
         "--python", default=sys.executable, help="stack: the gateway's interpreter (another checkout's venv)"
     )
     parser.add_argument("--base-python", help="stack: also measure a gateway run by this interpreter")
+    parser.add_argument(
+        "--router",
+        default=shutil.which("vllm-router") or _beside_python("vllm-router"),
+        help="stack: the vllm-router binary, measured over the same stub (default: found on the PATH or"
+        " beside this Python; `make bench` installs it)",
+    )
     args = parser.parse_args()
     if args.mode == "app":
         run_app(args.requests or 5000, args.stream, args.cprofile)
@@ -288,7 +304,7 @@ def main() -> None:
         pythons = {"gateway": args.python}
         if args.base_python:
             pythons["gateway-base"] = args.base_python
-        run_stack(args.requests or 3000, args.py_spy, pythons)
+        run_stack(args.requests or 3000, args.py_spy, pythons, args.router)
 
 
 if __name__ == "__main__":
