@@ -12,7 +12,9 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
+import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from warmplane.services.planner.app import Planner, build_planner
@@ -30,6 +32,8 @@ from warmplane.shared.events import (
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.settings import KafkaSettings, settings_environment
 from warmplane.shared.topics import Topics, partition_key
+
+E = TypeVar("E", bound=Event)
 
 MODEL = ModelRef("tiny-llama", "rev-1")
 
@@ -198,3 +202,23 @@ async def read_topic(kafka: KafkaSettings, topic: str) -> list[ConsumerRecord[by
         return records
     finally:
         await consumer.stop()
+
+
+async def events_on(kafka: KafkaSettings, topic: str, kind: type[E]) -> list[E]:
+    """The events of type `kind` on `topic` (see `read_topic`), each partition's in offset order."""
+    codec = EventCodec(kafka.max_event_bytes)
+    decoded = [codec.decode(record.value) for record in await read_topic(kafka, topic)]
+    return [event for event in decoded if isinstance(event, kind)]
+
+
+async def record_start(pool: asyncpg.Pool, replica: str, at: datetime) -> uuid.UUID:
+    """A `starting` transition of `replica` at `at`, written as the planner writes it; its event id."""
+    event_id = new_event_id()
+    await pool.execute(
+        "INSERT INTO replica_transitions (event_id, replica_id, state, occurred_at)"
+        " VALUES ($1, $2, 'starting', $3)",
+        event_id,
+        replica,
+        at,
+    )
+    return event_id

@@ -12,7 +12,15 @@ import msgspec
 from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client import CollectorRegistry
 
-from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, request, running_planner
+from tests.integration.planner_harness import (
+    MODEL,
+    poll_until,
+    produce,
+    read_topic,
+    record_start,
+    request,
+    running_planner,
+)
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.plans import PlanIssuer
@@ -299,13 +307,7 @@ async def test_the_store_knows_what_a_replica_holds_since_its_latest_start(migra
         now = datetime.now(UTC)
 
         async def start(at: datetime) -> uuid.UUID:
-            event_id = new_event_id()
-            await pool.execute(
-                "INSERT INTO replica_transitions (event_id, replica_id, state, occurred_at) "
-                "VALUES ($1, 'r-h', 'starting', $2)",
-                event_id, at,
-            )  # fmt: skip
-            return event_id
+            return await record_start(pool, "r-h", at)
 
         async def verified(plan: WarmPlanIssued, trigger: uuid.UUID, state: str = "verified") -> None:
             assert await store.record(plan, trigger)

@@ -15,6 +15,7 @@ from tests.integration.planner_harness import (
     poll_until,
     produce,
     read_topic,
+    record_start,
     replica_started,
     residency_report,
     running_planner,
@@ -173,13 +174,7 @@ async def test_a_replica_holds_its_report_on_its_latest_start_and_what_verified_
         now = datetime.now(UTC)
 
         async def start(at: datetime) -> uuid.UUID:
-            event_id = new_event_id()
-            await pool.execute(
-                "INSERT INTO replica_transitions (event_id, replica_id, state, occurred_at) "
-                "VALUES ($1, 'r-h', 'starting', $2)",
-                event_id, at,
-            )  # fmt: skip
-            return event_id
+            return await record_start(pool, "r-h", at)
 
         async def verified(prefix: int, at: datetime, trigger: uuid.UUID | None = None) -> None:
             """A plan of `prefix` (acme, epoch 0) issued and verified at `at` (warmer's clock)."""

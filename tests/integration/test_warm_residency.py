@@ -14,14 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.planner_harness import MODEL, produce, read_topic
+from tests.integration.planner_harness import MODEL, events_on, produce
 from tests.integration.test_warmer_faults import warm_plan
 from tests.integration.warmer_harness import conversation, real_chat, wait_for, warmer_settings, words
 from warmplane.services.warmer.core.replica import Phase
 from warmplane.services.warmer.service import Warmer
 from warmplane.services.warmer.settings import WarmSettings
 from warmplane.shared.cache_salt import derive_cache_salt
-from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm, ensure_tiny_model
 from warmplane.shared.events import PrefixPayload, ReplicaResidency, WarmItem
@@ -47,12 +46,6 @@ def small_engine() -> Iterator[EmbeddedVllm]:
         ) as engine,
     ):
         yield engine
-
-
-async def _residency_reports(kafka: KafkaSettings) -> list[ReplicaResidency]:
-    codec = EventCodec(kafka.max_event_bytes)
-    events = [codec.decode(r.value) for r in await read_topic(kafka, Topics(kafka.topic_prefix).warm_results)]
-    return [event for event in events if isinstance(event, ReplicaResidency)]
 
 
 async def test_evicted_warm_prefixes_are_reported_lost_and_warmed_again_by_the_next_plan(
@@ -133,7 +126,7 @@ async def test_evicted_warm_prefixes_are_reported_lost_and_warmed_again_by_the_n
         assert restored["prompt_tokens_details"]["cached_tokens"] > 0, "the probe filled it again"
         incarnation = driver.tracker.incarnation
 
-    reports = await _residency_reports(kafka)
+    reports = await events_on(kafka, Topics(kafka.topic_prefix).warm_results, ReplicaResidency)
     assert reports and {r.incarnation for r in reports} == {incarnation}
     assert all(r.replica == driver.replica for r in reports)
     held = [sorted(p for group in r.held for p in group.prefix_ids) for r in reports]

@@ -7,7 +7,7 @@ import random
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic
+from tests.integration.planner_harness import MODEL, events_on, poll_until, produce, read_topic
 from tests.integration.warmer_harness import (
     conversation,
     ready_status,
@@ -17,7 +17,6 @@ from tests.integration.warmer_harness import (
 )
 from warmplane.services.warmer.core.replica import Phase
 from warmplane.services.warmer.service import Warmer
-from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka
 from warmplane.shared.embedded.vllm_engine import MAX_MODEL_LEN, EmbeddedVllm
 from warmplane.shared.event_ids import new_event_id
@@ -46,9 +45,7 @@ def warm_plan(replica: str, node: str, items: list[WarmItem], deadline: datetime
 
 
 async def _results(kafka: KafkaSettings) -> list[WarmFinished]:
-    codec = EventCodec(kafka.max_event_bytes)
-    events = [codec.decode(r.value) for r in await read_topic(kafka, Topics(kafka.topic_prefix).warm_results)]
-    return [event for event in events if isinstance(event, WarmFinished)]
+    return await events_on(kafka, Topics(kafka.topic_prefix).warm_results, WarmFinished)
 
 
 async def test_bad_plans_are_answered_with_reasons_and_a_failed_item_keeps_the_replica_unready(
