@@ -173,7 +173,9 @@ class ReplicaDriver:
         if (order := tracker.next_run(fill_limit)) is not None:
             self._start_run(order)
         if self.residency is not None and tracker.incarnation is not None:
-            self.residency.step(tracker.held, idle=self._run_task is None, forget=tracker.forget)
+            answers = tracker.phase in (Phase.LOADING, Phase.WARMING, Phase.READY)
+            idle = answers and self._run_task is None
+            self.residency.step(tracker.held, idle=idle, forget=tracker.forget)
 
     def _start_run(self, order: RunOrder) -> None:
         self._report(order.transitions)

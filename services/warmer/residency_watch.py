@@ -29,6 +29,8 @@ from warmplane.services.warmer.vllm_client import VllmEngineClient, WarmFailed
 from warmplane.shared.events import HeldPrefixes, PrefixPayload
 
 log = logging.getLogger(__name__)
+_PROBE_BACKOFF_S = 10.0
+"""After a failed probe, reconciliation waits this long before probing again."""
 Report = Callable[[list[HeldPrefixes], int, bool], None]
 """Publishes a residency report: (held, lost, complete)."""
 
@@ -69,6 +71,7 @@ class ResidencyWatch:
         self._last_reconciled = time.monotonic()
         self._reported: tuple[frozenset[HeldKey], int, bool] | None = None
         self._probing: asyncio.Task[None] | None = None
+        self._probe_after = float("-inf")
 
     async def run(self) -> None:
         """The feed, until cancelled; a reconciliation in flight is cancelled with it."""
@@ -96,7 +99,7 @@ class ResidencyWatch:
 
     def step(self, held: set[HeldKey], *, idle: bool, forget: Callable[[frozenset[HeldKey]], None]) -> None:
         """Assess `held` if due; `forget` the keys lost; report a change; start a reconciliation if due
-        and `idle` (no plan runs)."""
+        and `idle` (the engine answers and no plan runs); after a failed probe, not for 10 s."""
         now = time.monotonic()
         index = self.feed.index
         if index.clears != self._clears:
@@ -130,6 +133,8 @@ class ResidencyWatch:
 
     def _to_probe(self, now: float) -> list[HeldKey]:
         assert self.last is not None
+        if now < self._probe_after:
+            return []  # a probe failed: the engine gets a rest before the next
         unsure = [key for key in sorted(self.last.unsettled) if key in self.residency.payloads]
         if unsure:
             return unsure
@@ -156,6 +161,7 @@ class ResidencyWatch:
                 answer = await self._client.warm(payload, cache_salt=salt, priority=self._warm.priority)
             except WarmFailed as failure:
                 log.info("reconciliation: probe of prefix %d failed: %s", key[4], failure.reason)
+                self._probe_after = time.monotonic() + _PROBE_BACKOFF_S
                 return
             hit = answer.cached_tokens >= self._client.expected_cached_tokens(answer.prompt_tokens)
             if believed and not hit:
@@ -169,8 +175,9 @@ class ResidencyWatch:
         self._wake()
 
     def _changed(self) -> None:
-        self._dirty = True
-        self._wake()
+        if not self._dirty:  # once per assessment: an engine publishes a batch per step
+            self._dirty = True
+            self._wake()
 
 
 def groups(held: Iterable[HeldKey]) -> list[HeldPrefixes]:

@@ -1,0 +1,57 @@
+"""The residency watch's reconciliation against an engine that fails every probe: it rests between
+attempts instead of probing in a loop (a refused connection fails at once)."""
+
+from __future__ import annotations
+
+from pydantic import SecretStr
+
+from warmplane.services.warmer.core.kv_index import block_chain
+from warmplane.services.warmer.plan_run import SaltBook
+from warmplane.services.warmer.residency_watch import ResidencyWatch
+from warmplane.services.warmer.settings import EngineSettings, WarmSettings
+from warmplane.services.warmer.vllm_client import WarmFailed, WarmResult
+from warmplane.shared.events import HeldPrefixes, PrefixPayload
+
+KEY = ("acme", "m", "", 0, 7)
+
+
+class _RefusingEngine:
+    block_size = 4
+
+    def __init__(self) -> None:
+        self.probes = 0
+
+    async def warm(self, payload: PrefixPayload, *, cache_salt: str, priority: int) -> WarmResult:
+        self.probes += 1
+        raise WarmFailed("POST /v1/completions: ConnectError", retryable=True)
+
+    def expected_cached_tokens(self, prompt_tokens: int) -> int:
+        return 4 * ((prompt_tokens - 1) // 4)
+
+
+async def test_a_failed_probe_is_not_retried_at_once() -> None:
+    engine = _RefusingEngine()
+    reports: list[tuple[list[HeldPrefixes], int, bool]] = []
+    watch = ResidencyWatch(
+        engine=EngineSettings(
+            replica="r0", url="http://127.0.0.1:9", served_model="m", kv_events_endpoint="ipc:///tmp/none"
+        ),
+        warm=WarmSettings(),
+        client=engine,  # type: ignore[arg-type]
+        salts=SaltBook({"acme": SecretStr("secret")}),
+        report=lambda held, lost, complete: reports.append((held, lost, complete)),
+        wake=lambda: None,
+    )
+    watch.residency.learn(
+        {KEY: block_chain(list(range(9)), 4, "salt")}, {KEY: PrefixPayload(7, prompt="x")}, now=-100.0
+    )
+    watch.feed.index.lose(3)  # events were lost: the index cannot vouch for the prefix
+    held = {KEY}
+    for _ in range(5):
+        watch.step(held, idle=True, forget=held.difference_update)
+        probing = watch._probing
+        if probing is not None:
+            await probing
+    assert engine.probes == 1
+    assert reports and reports[-1][2] is False, "unsure until a probe settles it"
+    assert held == {KEY}, "a prefix no probe could check stays held"
