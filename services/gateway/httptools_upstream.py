@@ -61,7 +61,7 @@ class HttpToolsUpstream:
         return sum(len(idle) for idle in self._idle.values())
 
     async def post(self, url: str, body: bytes) -> UpstreamResponse:
-        """Raises `ValueError` for a URL that is not http(s), `RuntimeError` once closed."""
+        """Raises `RuntimeError` once closed."""
         if self._closed:
             raise RuntimeError("the upstream client is closed")
         target = self._targets.get(url) or self._parse(url)
@@ -84,14 +84,19 @@ class HttpToolsUpstream:
         await asyncio.gather(*(connection.lost for connection in connections))
 
     def _parse(self, url: str) -> _Target:
-        parts = urlsplit(url)
+        """Raises `UpstreamUnreachable` for a URL no connection can be made to (not http(s), a bad port)."""
+        try:
+            parts = urlsplit(url)
+            tls = parts.scheme == "https"
+            port = parts.port or (443 if tls else 80)
+        except ValueError as exc:
+            raise UpstreamUnreachable(f"not a usable URL: {url!r}") from exc
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {url!r}")
-        tls = parts.scheme == "https"
+            raise UpstreamUnreachable(f"not an http(s) URL: {url!r}")
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         host = parts.netloc.rpartition("@")[2]
         head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: "
-        target = _Target((parts.hostname, parts.port or (443 if tls else 80)), tls, head.encode())
+        target = _Target((parts.hostname, port), tls, head.encode())
         if len(self._targets) >= _TARGETS_KEPT:
             self._targets.clear()
         self._targets[url] = target

@@ -285,6 +285,16 @@ def test_a_refused_connection_is_unreachable(run: Run) -> None:
     run(scenario())
 
 
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1/v1/completions", "http://127.0.0.1:port/v1/completions"])
+def test_a_url_no_connection_can_be_made_to_is_unreachable(run: Run, url: str) -> None:
+    async def scenario() -> None:
+        async with upstream() as client:
+            with pytest.raises(UpstreamUnreachable):
+                await client.post(url, BODY)
+
+    run(scenario())
+
+
 def test_a_connection_not_accepted_within_the_connect_timeout_is_unreachable(run: Run) -> None:
     """A listener with a backlog of 0 that never accepts: Linux queues one connection, then drops
     the SYNs of the next, which therefore never completes."""
