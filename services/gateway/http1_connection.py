@@ -169,7 +169,7 @@ class Http1Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._asked and not self.complete:
-            if self.headed and not self._delimited:
+            if self.headed and not self._delimited and exc is None:
                 self.complete = True  # an answer delimited by the connection's close (HTTP/1.0 style)
             else:
                 stage = "mid-answer" if self.headed else "before answering"

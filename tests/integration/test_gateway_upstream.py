@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import struct
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, cast
 
@@ -211,6 +212,22 @@ def test_a_body_delimited_by_the_connection_close_is_read_to_it(run: Run) -> Non
         async with serving(send_then_close) as server, upstream() as client:
             assert await post_and_read(client, server.url) == b"all of it"
             assert client.idle_connections() == 0
+
+    run(scenario())
+
+
+def test_a_body_delimited_by_the_connection_close_is_broken_by_a_reset(run: Run) -> None:
+    async def send_then_reset(exchange: Exchange) -> None:
+        exchange.writer.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\npart of it")
+        await exchange.writer.drain()
+        sock = exchange.writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+        exchange.writer.transport.abort()
+
+    async def scenario() -> None:
+        async with serving(send_then_reset) as server, upstream() as client:
+            with pytest.raises(UpstreamBroken):
+                await post_and_read(client, server.url)
 
     run(scenario())
 
