@@ -18,6 +18,7 @@ from typing import Self
 import asyncpg
 
 from warmplane.services.gateway.app import GatewayParts, bootstrap
+from warmplane.services.gateway.httptools_upstream import HttpToolsUpstream
 from warmplane.services.gateway.lifecycle_follower import LifecycleFollower
 from warmplane.services.gateway.membership import Membership, Replica, ReplicaTable, static_membership
 from warmplane.services.gateway.observations import EventSink
@@ -26,7 +27,6 @@ from warmplane.services.gateway.result_cache import ResultCache
 from warmplane.services.gateway.result_stores import PgQueryIndex, RedisAnswers, ResultStores, redis_client
 from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.gateway.tenants import EpochBook
-from warmplane.services.gateway.upstream import AiohttpUpstream
 from warmplane.shared.asgi_server import AsgiServer
 from warmplane.shared.emitter import Emitter
 from warmplane.shared.kafka_admin import ensure_topics
@@ -37,10 +37,10 @@ log = logging.getLogger(__name__)
 _STOP_TIMEOUT_S = 5.0
 
 
-def upstream_client(settings: GatewaySettings) -> AiohttpUpstream:
+def upstream_client(settings: GatewaySettings) -> HttpToolsUpstream:
     """Pooled HTTP/1.1 connections to the replicas; every phase of a call has a timeout."""
     options = settings.gateway
-    return AiohttpUpstream(
+    return HttpToolsUpstream(
         connect_timeout_s=options.connect_timeout_s,
         read_timeout_s=options.read_timeout_s,
         keepalive_s=options.keepalive_s,
