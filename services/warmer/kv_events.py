@@ -9,7 +9,10 @@ and what overflows the publisher's high-water mark, so the feed checks every seq
   what the replay does not cover, or all of it without a replay endpoint, is lost (`KvIndex.lose`);
 - on start, with a replay endpoint, everything the engine still buffers is replayed from 0, so a warmer
   that restarts beside a running engine learns what it holds;
-- sequence 0 after a later number is an engine that restarted: its index starts over.
+- sequence 0 after a later number, or a number further behind than any replay reaches (vLLM buffers
+  10,000 batches), is an engine that restarted: its index starts over. (A restart whose first batches
+  were missed and which is not that far behind looks like replayed duplicates until the driver sees
+  the engine start again, which also starts the index over.)
 
 Contracts: `run()` runs until cancelled and closes its sockets; a malformed message counts as a lost
 batch, never stops the feed; `changed()` is called after every batch that was applied or lost.
@@ -30,6 +33,8 @@ from warmplane.services.warmer.core.kv_index import KvIndex
 
 log = logging.getLogger(__name__)
 END_OF_REPLAY: Final = 2**64 - 1
+_REPLAY_REACH: Final = 10_000
+"""Batches a vLLM engine buffers for replay by default: a live batch further behind is no duplicate."""
 _decoder = msgspec.msgpack.Decoder()
 
 
@@ -87,8 +92,13 @@ class KvEventFeed:
             return
         seq, events = batch
         index = self.index
-        if seq == 0 and index.last_seq is not None:
-            log.info("KV events from %s: sequence 0 again, the engine restarted", self.endpoint)
+        if index.last_seq is not None and (seq == 0 or index.expects() - seq > _REPLAY_REACH):
+            log.info(
+                "KV events from %s: sequence %d after %d, the engine restarted",
+                self.endpoint,
+                seq,
+                index.last_seq,
+            )
             self.restarts += 1
             self.index = index = KvIndex()
         if seq < index.expects():

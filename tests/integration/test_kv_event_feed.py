@@ -175,3 +175,15 @@ async def test_sequence_zero_again_is_an_engine_restart_with_an_empty_cache() ->
         await publisher.send(stored(60))
         await wait_for(lambda: held(feed, 60), timeout_s=_TIMEOUT_S, what="the restarted engine's batch")
         assert not held(feed, 10_000) and feed.restarts == 1 and feed.index.complete
+
+
+async def test_a_sequence_far_behind_the_last_is_a_restart_whose_first_batches_were_missed() -> None:
+    async with running(replay=False) as (publisher, feed):
+        await joined(publisher, feed)
+        publisher.seq = 20_000  # a long-running engine (the batches between are lost: no replay here)
+        await publisher.send(stored(70))
+        await wait_for(lambda: held(feed, 70), timeout_s=_TIMEOUT_S, what="the long-running engine's batch")
+        publisher.seq = 3  # restarted, and its batches 0 to 2 were missed
+        await publisher.send(stored(72))
+        await wait_for(lambda: held(feed, 72), timeout_s=_TIMEOUT_S, what="the restarted engine's batch")
+        assert not held(feed, 70) and feed.restarts == 1
