@@ -29,6 +29,7 @@ from warmplane.services.warmer.vllm_client import VllmEngineClient, WarmFailed
 from warmplane.shared.events import HeldPrefixes, PrefixPayload
 
 log = logging.getLogger(__name__)
+_FEED_RETRY_S = 5.0
 _PROBE_BACKOFF_S = 10.0
 """After a failed probe, reconciliation waits this long before probing again."""
 Report = Callable[[list[HeldPrefixes], int, bool], None]
@@ -74,9 +75,20 @@ class ResidencyWatch:
         self._probe_after = float("-inf")
 
     async def run(self) -> None:
-        """The feed, until cancelled; a reconciliation in flight is cancelled with it."""
+        """The feed, until cancelled, started again 5 s after a failure (meanwhile the index is doubted:
+        what it cannot find is probed); a reconciliation in flight is cancelled with it."""
         try:
-            await self.feed.run()
+            while True:
+                try:
+                    await self.feed.run()
+                except Exception:
+                    log.exception(
+                        "KV events from %s: the subscription failed; again in 5 s", self.feed.endpoint
+                    )
+                    self.feed.index.doubt()
+                    self._dirty = True
+                    self._wake()
+                    await asyncio.sleep(_FEED_RETRY_S)
         finally:
             if self._probing is not None:
                 self._probing.cancel()

@@ -1,7 +1,10 @@
-"""The residency watch's reconciliation against an engine that fails every probe: it rests between
-attempts instead of probing in a loop (a refused connection fails at once)."""
+"""The residency watch against failures: an engine that fails every probe gets a rest between attempts
+(a refused connection fails at once), and a subscription that fails is doubted and tried again."""
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
 
 from pydantic import SecretStr
 
@@ -55,3 +58,27 @@ async def test_a_failed_probe_is_not_retried_at_once() -> None:
     assert engine.probes == 1
     assert reports and reports[-1][2] is False, "unsure until a probe settles it"
     assert held == {KEY}, "a prefix no probe could check stays held"
+
+
+async def test_a_failed_subscription_doubts_the_index_and_is_tried_again() -> None:
+    woken = asyncio.Event()
+    watch = ResidencyWatch(
+        engine=EngineSettings(
+            replica="r0", url="http://127.0.0.1:9", served_model="m", kv_events_endpoint="tcp://no-port"
+        ),
+        warm=WarmSettings(),
+        client=_RefusingEngine(),  # type: ignore[arg-type]
+        salts=SaltBook({}),
+        report=lambda held, lost, complete: None,
+        wake=woken.set,
+    )
+    running = asyncio.create_task(watch.run())
+    try:
+        async with asyncio.timeout(10):
+            await woken.wait()
+        assert not running.done(), "the watch goes on after the failure"
+        assert (watch.feed.index.complete, watch.feed.index.gaps) == (False, 1)
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
