@@ -65,7 +65,7 @@ class ResidencyWatch:
         """Prefixes warmed in this incarnation and lost since (evicted, or the cache cleared)."""
         self.last: Assessment | None = None
         self._clears = 0
-        self._dirty = True
+        self._dirty = False
         self._due = True
         self._last_assessed = float("-inf")
         self._recheck_at = float("inf")
@@ -86,8 +86,7 @@ class ResidencyWatch:
                         "KV events from %s: the subscription failed; again in 5 s", self.feed.endpoint
                     )
                     self.feed.index.doubt()
-                    self._dirty = True
-                    self._wake()
+                    self._changed()
                     await asyncio.sleep(_FEED_RETRY_S)
         finally:
             if self._probing is not None:
