@@ -184,12 +184,19 @@ def _gateway_pid(port: int) -> int:
     return int(out.stdout.split("pid=")[1].split(",")[0])
 
 
-def run_stack(requests: int, py_spy_out: str | None, pythons: dict[str, str], router: str | None) -> None:
+def run_stack(
+    requests: int,
+    py_spy_out: str | None,
+    pythons: dict[str, str],
+    router: str | None,
+    stub_delay_s: float = 0.0,
+) -> None:
     """`pythons`: each gateway to measure by name, with its interpreter; py-spy samples the first;
-    `router`: the vllm-router binary, measured over the same stub (None: not measured)."""
+    `router`: the vllm-router binary, measured over the same stub (None: not measured);
+    `stub_delay_s`: how long the stub takes to answer."""
     with tempfile.TemporaryDirectory(prefix="warmplane-gateway-profile-") as folder, ExitStack() as stack:
         workdir = Path(folder)
-        stub_url = stack.enter_context(stub_process(workdir))
+        stub_url = stack.enter_context(stub_process(workdir, stub_delay_s))
         kafka = stack.enter_context(EmbeddedKafka(workdir / "kafka"))
         urls = {"stub": stub_url}
         for name, python in pythons.items():
@@ -207,7 +214,7 @@ def run_stack(requests: int, py_spy_out: str | None, pythons: dict[str, str], ro
         for client in clients.values():
             client.close()
     direct = statistics.median(samples["stub"])
-    print(f"stack: {requests} requests each, ms")
+    print(f"stack: {requests} requests each, the stub answering after {1000 * stub_delay_s:g} ms; ms")
     for name, values in samples.items():
         p50, p90 = statistics.median(values), statistics.quantiles(values, n=10)[-1]
         cpu = "  CPU per request {:.3f} user {:.3f} system".format(*cpu_ms[name]) if name in cpu_ms else ""
@@ -296,6 +303,12 @@ def main() -> None:
         help="stack: the vllm-router binary, measured over the same stub (default: found on the PATH or"
         " beside this Python; `make bench` installs it)",
     )
+    parser.add_argument(
+        "--stub-delay-ms",
+        type=float,
+        default=0.0,
+        help="stack: the stub answers this long after a request, as an engine does after its prefill",
+    )
     args = parser.parse_args()
     if args.mode == "app":
         run_app(args.requests or 5000, args.stream, args.cprofile)
@@ -304,7 +317,7 @@ def main() -> None:
         pythons = {"gateway": args.python}
         if args.base_python:
             pythons["gateway-base"] = args.base_python
-        run_stack(args.requests or 3000, args.py_spy, pythons, args.router)
+        run_stack(args.requests or 3000, args.py_spy, pythons, args.router, args.stub_delay_ms / 1000)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""A stub vLLM for `bench.gateway_profile`: an HTTP/1.1 keep-alive server answering every request at
-once with a canned completion (`ANSWER`), run as its own process (`python -m bench.gateway_stub PORT`),
-and a raw-socket keep-alive client that costs the measurement next to nothing.
+"""A stub vLLM for `bench.gateway_profile`: an HTTP/1.1 keep-alive server answering every request with a
+canned completion (`ANSWER`), at once or after a delay standing in for the engine's prefill, run as its
+own process (`python -m bench.gateway_stub PORT [DELAY_S]`), and a raw-socket keep-alive client that
+costs the measurement next to nothing.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ ANSWER = msgspec.json.encode(
 BODY = msgspec.json.encode({"model": MODEL, "prompt": PROMPT, "max_tokens": 1, "temperature": 0})
 
 
-async def serve_stub_replica(port: int) -> None:
+async def serve_stub_replica(port: int, delay_s: float = 0.0) -> None:
     """An HTTP/1.1 keep-alive server answering every request with `ANSWER` (no body parsing beyond
-    Content-Length)."""
+    Content-Length), `delay_s` after it arrived."""
     response = (
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
         + str(len(ANSWER)).encode()
@@ -43,6 +44,8 @@ async def serve_stub_replica(port: int) -> None:
                 length = content_length(head)
                 if length:
                     await reader.readexactly(length)
+                if delay_s:
+                    await asyncio.sleep(delay_s)
                 writer.write(response)
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
@@ -97,9 +100,9 @@ class RawClient:
 
 
 @contextmanager
-def stub_process(workdir: Path) -> Iterator[str]:
+def stub_process(workdir: Path, delay_s: float = 0.0) -> Iterator[str]:
     port = free_port()
-    argv = [sys.executable, "-m", "bench.gateway_stub", str(port)]
+    argv = [sys.executable, "-m", "bench.gateway_stub", str(port), str(delay_s)]
     proc = start_process(argv, workdir / "stub.log", cwd=Path(__file__).resolve().parents[1])
     try:
         wait_for_port("127.0.0.1", port, timeout_s=30, what="the stub replica", proc=proc)
@@ -109,4 +112,4 @@ def stub_process(workdir: Path) -> Iterator[str]:
 
 
 if __name__ == "__main__":
-    asyncio.run(serve_stub_replica(int(sys.argv[1])))
+    asyncio.run(serve_stub_replica(int(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 0.0))
