@@ -171,7 +171,7 @@ async def _resources(
                 producer, topics.dead_letter, ingest.group_id, kafka.commit_timeout_s
             ),
             metrics=metrics,
-            node_cache=NodeCache(ingest.node_cache_size),
+            node_cache=NodeCache(ingest.node_cache_size, ingest.node_cache_max_age_s),
             max_payload_bytes=ingest.catalog_max_payload_bytes,
             window_per_partition=ingest.dedup_window_per_partition,
             queue_depth=ingest.writer_queue_depth,
