@@ -34,7 +34,7 @@ from warmplane.services.planner.ingestor import Ingestor, Offsets, Partition
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_fleet import PgFleetStore
 from warmplane.services.planner.pg_plans import PgPlanStore
-from warmplane.services.planner.pg_retention import sweep_statistics
+from warmplane.services.planner.pg_retention import sweep_paths, sweep_statistics
 from warmplane.services.planner.pg_store import PgIngestStore
 from warmplane.services.planner.plans import PlanIssuer
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
@@ -262,11 +262,14 @@ async def _sweep_forever(store: PgIngestStore, pool: asyncpg.Pool, settings: Pla
             )
             stats_before = now - timedelta(hours=ingest.stats_retention_hours)
             stats = await sweep_statistics(pool, int(stats_before.timestamp()) // ingest.bucket_seconds)
+            paths = await sweep_paths(pool, stats_before)
             log.info(
-                "retention sweep removed %d ledger rows, %d catalog payloads and %d statistics rows",
+                "retention sweep removed %d ledger rows, %d catalog payloads, %d statistics rows"
+                " and %d chain paths",
                 ledger,
                 catalog,
                 stats,
+                paths,
             )
         except (OSError, asyncpg.PostgresError):
             log.warning("retention sweep failed; retrying next interval", exc_info=True)
