@@ -34,7 +34,7 @@ from warmplane.services.planner.ingestor import Ingestor, Offsets, Partition
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_fleet import PgFleetStore
 from warmplane.services.planner.pg_plans import PgPlanStore
-from warmplane.services.planner.pg_retention import sweep_statistics
+from warmplane.services.planner.pg_retention import sweep_paths, sweep_statistics
 from warmplane.services.planner.pg_store import PgIngestStore
 from warmplane.services.planner.plans import PlanIssuer
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
@@ -171,7 +171,7 @@ async def _resources(
                 producer, topics.dead_letter, ingest.group_id, kafka.commit_timeout_s
             ),
             metrics=metrics,
-            node_cache=NodeCache(ingest.node_cache_size),
+            node_cache=NodeCache(ingest.node_cache_size, ingest.node_cache_max_age_s),
             max_payload_bytes=ingest.catalog_max_payload_bytes,
             window_per_partition=ingest.dedup_window_per_partition,
             queue_depth=ingest.writer_queue_depth,
@@ -262,11 +262,14 @@ async def _sweep_forever(store: PgIngestStore, pool: asyncpg.Pool, settings: Pla
             )
             stats_before = now - timedelta(hours=ingest.stats_retention_hours)
             stats = await sweep_statistics(pool, int(stats_before.timestamp()) // ingest.bucket_seconds)
+            paths = await sweep_paths(pool, stats_before)
             log.info(
-                "retention sweep removed %d ledger rows, %d catalog payloads and %d statistics rows",
+                "retention sweep removed %d ledger rows, %d catalog payloads, %d statistics rows"
+                " and %d chain paths",
                 ledger,
                 catalog,
                 stats,
+                paths,
             )
         except (OSError, asyncpg.PostgresError):
             log.warning("retention sweep failed; retrying next interval", exc_info=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -83,6 +84,7 @@ class Ingestor:
         queue_depth: int = 2,
         on_failure: Callable[[], None] = lambda: None,
         after_commit: Callable[[IngestBatch], Awaitable[None]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._codec = codec
         self._store = store
@@ -103,6 +105,8 @@ class Ingestor:
         self._after_commit = after_commit
         """Called with each batch holding replica events or fleet changes once it committed (the plan
         issuer)."""
+        self._clock = clock
+        """Seconds, monotonic: how old the node cache's contents are."""
 
     def start(self) -> None:
         if self._task is None:
@@ -307,7 +311,7 @@ class Ingestor:
         except Fenced as fenced:
             await self._rewind(work, fenced.partitions)
             return
-        self._nodes.add_all(batch.new_nodes)
+        self._nodes.add_all(batch.new_nodes, self._clock())
         self._metrics.duplicates.inc(work.duplicates)
         for kind, count in Counter(map(type, work.events)).items():
             self._metrics.events.labels(type=event_type(kind)).inc(count)
@@ -355,4 +359,5 @@ class Ingestor:
                 work.consumer.seek(partition, positions[partition])
 
     def _fold(self, events: list[Event]) -> IngestBatch:
+        self._nodes.forget_expired(self._clock())
         return fold_events(events, stored_nodes=self._nodes)

@@ -33,7 +33,19 @@ class IngestSettings(BaseModel):
     catalog_max_payload_bytes: Positive = 64 * 1024
     sweep_interval_s: Annotated[float, Field(gt=0)] = 300.0
     node_cache_size: Annotated[int, Field(ge=2)] = 1_000_000
+    node_cache_max_age_s: Annotated[float, Field(gt=0)] = 3600.0
+    """The planner forgets which chain nodes it wrote once the oldest it remembers is this old, so it never
+    trusts a node whose path rows the retention sweep may have deleted (`core/node_cache.py` says why)."""
     writer_queue_depth: Positive = 4
+
+    @model_validator(mode="after")
+    def _node_cache_forgets_well_inside_the_retention(self) -> Self:
+        if 2 * self.node_cache_max_age_s > 3600 * self.stats_retention_hours:
+            raise ValueError(
+                f"node_cache_max_age_s ({self.node_cache_max_age_s:g}) is more than half of "
+                f"stats_retention_hours ({self.stats_retention_hours:g} h): swept chains could stay cached"
+            )
+        return self
 
 
 class PlanSettings(BaseModel):

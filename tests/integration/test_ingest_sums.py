@@ -162,7 +162,7 @@ async def test_counters_are_sums_per_scope_prefix_and_bucket_across_batches(
         batch_events: list[Event] = [random_event(rng) for _ in range(250)]
         batch = fold_events(batch_events, stored_nodes=nodes)
         await store.write([], batch)
-        nodes.add_all(batch.new_nodes)
+        nodes.add_all(batch.new_nodes, now=0.0)
         events += batch_events
 
     expected_requests, expected_misses = expected_sums(events, bucket_seconds)

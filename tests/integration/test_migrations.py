@@ -135,6 +135,19 @@ async def test_0009_down_restores_the_0006_ingest_function_and_up_again_the_repl
         await db.close()
 
 
+async def test_0012_adds_and_drops_exactly_the_path_retention_indexes(empty_database: str) -> None:
+    db = await asyncpg.connect(empty_database, timeout=_TIMEOUT_S)
+    try:
+        await migrate_to(empty_database, "0011")
+        before = await relations(db)
+        await migrate_to(empty_database, "0012")
+        assert await relations(db) - before == {"prefix_paths_first_seen_brin", "prefix_paths_anchor"}
+        await migrate_to(empty_database, "0011", down=True)
+        assert await relations(db) == before
+    finally:
+        await db.close()
+
+
 async def test_a_migrated_database_accepts_the_planner_rows(empty_database: str) -> None:
     """Smoke the constraints the store relies on: identity scope ids, upsert keys, the state check."""
     await migrate_to(empty_database, "head")

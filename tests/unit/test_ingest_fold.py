@@ -291,7 +291,7 @@ def test_node_cache_stays_bounded_and_remembers_what_fits(capacity: int, batches
     remembered: set[NodeKey] = set()
     for numbers in batches:
         nodes: list[NodeKey] = [(("acme", "m", ""), n) for n in numbers]
-        cache.add_all(nodes)
+        cache.add_all(nodes, now=0.0)
         remembered |= set(nodes)
         if len(remembered) > capacity:  # the model of the cache: emptied whole when it overflows
             remembered = set()
@@ -301,7 +301,7 @@ def test_node_cache_stays_bounded_and_remembers_what_fits(capacity: int, batches
 
 def test_node_cache_empties_when_it_overflows() -> None:
     cache = NodeCache(10)
-    cache.add_all((("acme", "m", ""), n) for n in range(10))
+    cache.add_all(((("acme", "m", ""), n) for n in range(10)), now=0.0)
     assert (("acme", "m", ""), 0) in cache
-    cache.add_all([(("acme", "m", ""), 10)])
+    cache.add_all([(("acme", "m", ""), 10)], now=0.0)
     assert len(cache) == 0

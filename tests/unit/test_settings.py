@@ -170,3 +170,17 @@ def test_statistics_must_be_kept_at_least_as_long_as_plans_read_them(monkeypatch
     assert "stats_retention_hours (12) is shorter than plans.window_hours (24)" in str(raised.value)
     monkeypatch.setenv("WARMPLANE_PLANS__WINDOW_HOURS", "6")
     assert load_settings(PlannerSettings).ingest.stats_retention_hours == 12
+
+
+def test_the_node_cache_must_forget_well_inside_the_statistics_retention(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WARMPLANE_PLANS__WINDOW_HOURS", "1")
+    monkeypatch.setenv("WARMPLANE_INGEST__STATS_RETENTION_HOURS", "2")
+    monkeypatch.setenv("WARMPLANE_INGEST__NODE_CACHE_MAX_AGE_S", "3601")
+    with pytest.raises(SettingsError) as raised:
+        load_settings(PlannerSettings)
+    assert "WARMPLANE_INGEST" in str(raised.value)
+    assert "node_cache_max_age_s (3601) is more than half of stats_retention_hours (2 h)" in str(raised.value)
+    monkeypatch.setenv("WARMPLANE_INGEST__NODE_CACHE_MAX_AGE_S", "3600")
+    assert load_settings(PlannerSettings).ingest.node_cache_max_age_s == 3600

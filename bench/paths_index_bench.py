@@ -1,0 +1,143 @@
+"""What indexes on `prefix_paths` for its retention sweep cost ingestion's path inserts. Run:
+
+    python -m bench.paths_index_bench [--prefill 300000] [--batches 300] [--rows 1000] [--runs 2]
+
+Three tables shaped as `prefix_paths` in the embedded PostgreSQL: `plain` (its primary key, as before
+migration 0012), `brin` (plus the BRIN index on `first_seen` that 0012 adds) and `anchor` (plus a
+B-tree on (scope_id, anchor_id), which 0012 does not add). Each is filled with `--prefill` chat-shaped
+rows (random 63-bit ids, as prefix hashes are; a dozen new ids a row; each row anchored at an earlier
+row's leaf), then batches of `--rows` such rows are inserted as `warmplane_ingest_events` inserts them
+(unnest, ORDER BY the key, ON CONFLICT DO NOTHING), to each table in rotating order, `first_seen`
+advancing with the batches. The first tenth are not timed. Prints each table's median per batch and
+per row, and the ratios to `plain`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+
+from warmplane.shared.embedded import EmbeddedPostgres
+
+TABLE = """
+CREATE TABLE {name} (
+    scope_id integer NOT NULL, leaf_id bigint NOT NULL, anchor_id bigint, first_depth integer NOT NULL,
+    ids bigint[] NOT NULL, tokens integer[] NOT NULL, first_seen timestamptz NOT NULL,
+    PRIMARY KEY (scope_id, leaf_id)
+)
+"""
+INDEXES = {
+    "plain": (),
+    "brin": ("CREATE INDEX ON brin USING brin (first_seen)",),
+    "anchor": (
+        "CREATE INDEX ON anchor USING brin (first_seen)",
+        "CREATE INDEX ON anchor (scope_id, anchor_id)",
+    ),
+}
+INSERT = """
+INSERT INTO {name} (scope_id, leaf_id, anchor_id, first_depth, ids, tokens, first_seen)
+SELECT u.scope, u.leaf, u.anchor, u.depth, u.ids::bigint[], u.tokens::integer[], u.seen
+FROM unnest($1::integer[], $2::bigint[], $3::bigint[], $4::integer[], $5::text[], $6::text[],
+            $7::timestamptz[]) AS u(scope, leaf, anchor, depth, ids, tokens, seen)
+ORDER BY 1, 2
+ON CONFLICT DO NOTHING
+"""
+
+
+class ChatShape:
+    """Rows of chat turns: each anchored at an earlier turn's leaf (a root row now and then)."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+        self._leaves: list[tuple[int, int, int]] = []
+
+    def rows(self, count: int, seen: datetime) -> list[list[object]]:
+        """`count` rows as the insert's columns."""
+        rng = self._rng
+        rows: list[tuple[object, ...]] = []
+        for _ in range(count):
+            scope, anchor, depth = rng.randint(1, 20), None, 0
+            if self._leaves and rng.random() > 0.02:
+                scope, anchor, depth = self._leaves[rng.randrange(len(self._leaves))]
+            ids = [rng.getrandbits(63) for _ in range(rng.randint(4, 20))]
+            self._leaves.append((scope, ids[-1], depth + len(ids)))
+            tokens = range(16, 16 * len(ids) + 1, 16)
+            rows.append((scope, ids[-1], anchor, depth, _array(ids), _array(tokens), seen))
+        return [list(column) for column in zip(*rows, strict=True)]
+
+
+def _array(values: Iterable[int]) -> str:
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+async def one_run(dsn: str, prefill: int, batches: int, rows: int, seed: int) -> dict[str, float]:
+    """Median seconds per batch for each table, on fresh tables."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        started = datetime.now(UTC) - timedelta(days=40)
+        shape = ChatShape(seed)
+        filler = shape.rows(prefill, started)
+        for name, indexes in INDEXES.items():
+            await connection.execute(f"DROP TABLE IF EXISTS {name}")
+            await connection.execute(TABLE.format(name=name))
+            for index in indexes:
+                await connection.execute(index)
+            await connection.execute(INSERT.format(name=name), *filler)
+            await connection.execute(f"VACUUM ANALYZE {name}")
+        took: dict[str, list[float]] = {name: [] for name in INDEXES}
+        names = list(INDEXES)
+        for batch in range(batches):
+            columns = shape.rows(rows, started + timedelta(seconds=batch))
+            for name in names[batch % 3 :] + names[: batch % 3]:
+                began = time.perf_counter()
+                await connection.execute(INSERT.format(name=name), *columns)
+                if batch >= batches // 10:
+                    took[name].append(time.perf_counter() - began)
+        medians = {name: statistics.median(values) for name, values in took.items()}
+        for name, median in medians.items():
+            print(
+                f"  {name:<6} {1000 * median:7.2f} ms a batch, {1e6 * median / rows:5.2f} us a row;"
+                f" / plain {median / medians['plain']:.3f}"
+            )
+        return medians
+    finally:
+        await connection.close()
+
+
+async def main(prefill: int, batches: int, rows: int, runs: int) -> None:
+    with (
+        tempfile.TemporaryDirectory(prefix="warmplane-paths-index-") as folder,
+        EmbeddedPostgres(Path(folder)) as postgres,
+    ):
+        ratios: dict[str, list[float]] = {"brin": [], "anchor": []}
+        extra_us: list[float] = []
+        for run in range(runs):
+            print(f"run {run + 1}:")
+            medians = await one_run(postgres.asyncpg_dsn, prefill, batches, rows, seed=run)
+            for name, values in ratios.items():
+                values.append(medians[name] / medians["plain"])
+            extra_us.append(1e6 * (medians["anchor"] - medians["brin"]) / rows)
+        for name, values in ratios.items():
+            print(f"median ratio {name} / plain over {runs} runs: {statistics.median(values):.3f}")
+        print(f"the B-tree on anchors adds, median over runs: {statistics.median(extra_us):.2f} us a row")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--prefill", type=int, default=300_000)
+    parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--rows", type=int, default=1000)
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args()
+    asyncio.run(main(args.prefill, args.batches, args.rows, args.runs))
