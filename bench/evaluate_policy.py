@@ -85,6 +85,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--half-life", type=float, default=defaults.half_life, help="warmplane: count half-life, s"
     )
     parser.add_argument(
+        "--frequency-half-life",
+        type=lambda text: None if text == "none" else float(text),
+        default=defaults.frequency_half_life,
+        help="warmplane: the longer half-life whose rate estimate is averaged in, s; none: only --half-life",
+    )
+    parser.add_argument(
         "--ramp-window", type=float, default=defaults.ramp_window, help="warmplane: ramp window, s"
     )
     parser.add_argument(
@@ -111,6 +117,7 @@ def params_from(args: argparse.Namespace) -> EvalParams:
         load_factor=args.load_factor,
         load_window=args.load_window,
         half_life=args.half_life,
+        frequency_half_life=args.frequency_half_life,
         ramp_window=args.ramp_window,
         min_reuse=args.min_reuse,
         bucket_seconds=args.bucket_seconds,

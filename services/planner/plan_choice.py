@@ -2,8 +2,9 @@
 the pure policy's (`policy.trie_from_counts`, `policy.choose_for_replica`).
 
 For a model (and, for an epoch bump, one tenant of it), the trie is built once from the stored counts of the
-last `window_hours`, decayed to now with `half_life_s`; then, per replica, the selection keeps the prefixes
-the gateway's ring sends to it among the model's live replicas (the replica included), within the budget
+last `window_hours`, decayed to now with `half_life_s` and with `frequency_half_life_s` (a rate is the mean of
+the two estimates); then, per replica, the selection keeps the prefixes the gateway's ring sends to it among
+the model's live replicas (the replica included), within the budget
 (settings, capped by its KV capacity), minus what it already holds (`PgPlanStore.held`: its warmer's
 residency report on its latest start and the plans verified after it, or without a report the items of its
 verified plans since that start), in their tenant's current epoch. Only catalogued prefixes can be warmed (a
@@ -110,6 +111,7 @@ class WarmSetChooser:
         self._ring = RingSpec(ring.depth, ring.vnodes, ring.load_factor)
         self._knobs = PolicyKnobs(
             settings.half_life_s,
+            settings.frequency_half_life_s,
             settings.ramp_window_s,
             settings.min_reuse_probability,
             settings.capacity_fraction,
@@ -184,6 +186,7 @@ class WarmSetChooser:
             ],
             now.timestamp(),
             self._settings.half_life_s,
+            self._settings.frequency_half_life_s,
         )
         if left_out:
             log.warning("%d leaves of %s left out of the trie (unknown chain or bad tokens)", left_out, model)

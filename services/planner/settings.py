@@ -6,7 +6,11 @@ from typing import Annotated, Self
 
 from pydantic import BaseModel, Field, model_validator
 
+from warmplane.services.planner.policy import PolicyKnobs
 from warmplane.shared.settings import WarmplaneSettings
+
+_KNOBS = PolicyKnobs()
+"""The policy's defaults, which the trace evaluator measures too."""
 
 Positive = Annotated[int, Field(gt=0)]
 Hours = Annotated[float, Field(gt=0)]
@@ -58,13 +62,16 @@ class PlanSettings(BaseModel):
     """When set with `prefill_tokens_per_s`: the most seconds of prefill a plan may cost."""
     prefill_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
     """The replicas' measured prefill rate, tokens per second."""
-    capacity_fraction: Annotated[float, Field(gt=0, le=1)] = 0.5
+    capacity_fraction: Annotated[float, Field(gt=0, le=1)] = _KNOBS.capacity_fraction
     """A plan costs at most this share of the replica's KV capacity (`replicas.kv_capacity_tokens`)."""
-    half_life_s: Annotated[float, Field(gt=0)] = 600.0
-    """Request counts lose half their weight in this long: short favours recency, long frequency."""
-    ramp_window_s: Annotated[float, Field(gt=0)] = 300.0
+    half_life_s: Annotated[float, Field(gt=0)] = _KNOBS.half_life_s
+    """Request counts lose half their weight in this long: the recency estimate of a prefix's rate."""
+    frequency_half_life_s: Annotated[float, Field(gt=0)] | None = _KNOBS.frequency_half_life_s
+    """The same counts at this longer half-life: the frequency estimate. A rate is the mean of the two
+    (conversations reward recency, shared documents frequency); None uses `half_life_s` alone."""
+    ramp_window_s: Annotated[float, Field(gt=0)] = _KNOBS.ramp_window_s
     """A warm block pays when it is used at least once in this long after the replica starts."""
-    min_reuse_probability: Annotated[float, Field(ge=0, le=1)] = 0.3
+    min_reuse_probability: Annotated[float, Field(ge=0, le=1)] = _KNOBS.min_reuse_probability
     """Blocks less likely than this to be used in the ramp window are not warmed for themselves."""
     max_items: Annotated[int, Field(gt=0, le=100_000)] = 256
     deadline_s: Annotated[float, Field(gt=0)] = 120.0
@@ -82,6 +89,15 @@ class PlanSettings(BaseModel):
     def _seconds_need_a_rate(self) -> Self:
         if (self.warm_seconds is None) != (self.prefill_tokens_per_s is None):
             raise ValueError("warm_seconds and prefill_tokens_per_s are set together or not at all")
+        return self
+
+    @model_validator(mode="after")
+    def _frequency_is_the_longer_half_life(self) -> Self:
+        if self.frequency_half_life_s is not None and not self.frequency_half_life_s > self.half_life_s:
+            raise ValueError(
+                f"frequency_half_life_s ({self.frequency_half_life_s:g}) must be longer than half_life_s"
+                f" ({self.half_life_s:g})"
+            )
         return self
 
 

@@ -51,10 +51,18 @@ def issuer(
     clock: list[datetime] | None = None,
     **plans: object,
 ) -> PlanIssuer:
-    """An issuer whose clock reads `clock[0]` (NOW if not given): a test moves time by replacing it."""
+    """An issuer whose clock reads `clock[0]` (NOW if not given): a test moves time by replacing it. Its
+    counts decay with one half-life of 600 s (these tests are about issuing; the knobs have their own)."""
     now = clock if clock is not None else [NOW]
     settings = PlanSettings.model_validate(
-        {"budget_tokens": 250, "deadline_s": 90, "window_hours": 2, **plans}
+        {
+            "budget_tokens": 250,
+            "deadline_s": 90,
+            "window_hours": 2,
+            "half_life_s": 600,
+            "frequency_half_life_s": None,
+            **plans,
+        }
     )
     return PlanIssuer(
         store=store,

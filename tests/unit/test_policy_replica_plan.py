@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,7 @@ from warmplane.services.planner.policy import (
     StoredPrefix,
     WarmBudget,
     choose_for_replica,
+    reuse_probability,
     trie_from_counts,
 )
 from warmplane.shared.hash_ring import HashRing
@@ -51,6 +53,39 @@ def test_leaves_with_unknown_chains_or_bad_tokens_are_left_out_and_counted() -> 
     assert left_out == 3  # 2's tokens decrease, 9 is unknown, 5's chain loops
     assert [node.prefix_id for node in trie.nodes()] == [1]
     assert trie.count(1, 0.0) == 3
+
+
+def test_a_frequency_half_life_makes_each_rate_the_mean_of_the_two_estimates() -> None:
+    prefixes = [StoredPrefix(1, None, 100), StoredPrefix(2, 1, 250), StoredPrefix(3, None, 80)]
+    # 2: used often, long ago (a shared document); 3: used once, just now (a resumed conversation).
+    counts = [LeafCount(2, 0.0, 30), LeafCount(3, 1_190.0, 1)]
+    blended, left_out = trie_from_counts(prefixes, counts, 1_200.0, 60.0, 600.0)
+    fast, _ = trie_from_counts(prefixes, counts, 1_200.0, 60.0)
+    slow, _ = trie_from_counts(prefixes, counts, 1_200.0, 600.0)
+    assert left_out == 0
+    for prefix in (1, 2, 3):
+        mean = (fast.rate(prefix, 1_200.0) + slow.rate(prefix, 1_200.0)) / 2
+        assert math.isclose(blended.rate(prefix, 1_200.0), mean)
+    # Recency alone writes the document off, frequency alone the conversation; blended, both are likely
+    # enough to be reused in a 300 s ramp to be warmed (the least probability is 0.3).
+    assert reuse_probability(fast.rate(2, 1_200.0), 300) < 0.01
+    assert reuse_probability(slow.rate(3, 1_200.0), 300) < 0.3
+    assert min(reuse_probability(blended.rate(p, 1_200.0), 300) for p in (2, 3)) > 0.5
+
+
+def test_a_frequency_half_life_must_be_the_longer_one() -> None:
+    with pytest.raises(ValueError, match="must be shorter than"):
+        trie_from_counts([StoredPrefix(1, None, 10)], [LeafCount(1, 0.0, 1)], 0.0, 600.0, 60.0)
+
+
+def test_a_count_decayed_to_nothing_is_gone_not_left_out() -> None:
+    # A day of 60 s half-lives: 2 ** -1440 is 0.0 in floating point.
+    trie, left_out = trie_from_counts([StoredPrefix(1, None, 10)], [LeafCount(1, 0.0, 5)], 86_400.0, 60.0)
+    assert (left_out, len(trie)) == (0, 0)
+    blended, left_out = trie_from_counts(
+        [StoredPrefix(1, None, 10)], [LeafCount(1, 0.0, 5)], 86_400.0, 60.0, 6_000.0
+    )
+    assert left_out == 0 and blended.rate(1, 86_400.0) > 0  # the frequency estimate remembers it
 
 
 def test_an_unknown_capacity_leaves_the_budget_alone_and_a_known_one_caps_it() -> None:

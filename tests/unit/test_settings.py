@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
-from warmplane.services.planner.settings import PlannerSettings
+from warmplane.services.planner.policy import PolicyKnobs
+from warmplane.services.planner.settings import PlannerSettings, PlanSettings
+from warmplane.services.planner.trace_eval.params import EvalParams
 from warmplane.shared.settings import PostgresSettings, SettingsError, load_settings, settings_environment
 
 PASSWORD = "hunter2-s3cret"
@@ -184,3 +186,20 @@ def test_the_node_cache_must_forget_well_inside_the_statistics_retention(
     assert "node_cache_max_age_s (3601) is more than half of stats_retention_hours (2 h)" in str(raised.value)
     monkeypatch.setenv("WARMPLANE_INGEST__NODE_CACHE_MAX_AGE_S", "3600")
     assert load_settings(PlannerSettings).ingest.node_cache_max_age_s == 3600
+
+
+def test_the_plans_frequency_half_life_is_the_longer_one_and_the_evaluator_measures_the_defaults() -> None:
+    with pytest.raises(ValidationError, match=r"frequency_half_life_s \(600\) must be longer than"):
+        PlanSettings(half_life_s=900)
+    assert PlanSettings(half_life_s=900, frequency_half_life_s=None).frequency_half_life_s is None
+    plans, knobs, evaluated = PlanSettings(), PolicyKnobs(), EvalParams()
+    assert (plans.half_life_s, plans.frequency_half_life_s, plans.capacity_fraction) == (
+        evaluated.half_life,
+        evaluated.frequency_half_life,
+        evaluated.capacity_fraction,
+    )
+    assert (plans.ramp_window_s, plans.min_reuse_probability) == (evaluated.ramp_window, evaluated.min_reuse)
+    assert (knobs.half_life_s, knobs.frequency_half_life_s) == (
+        evaluated.half_life,
+        evaluated.frequency_half_life,
+    )

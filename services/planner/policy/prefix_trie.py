@@ -3,8 +3,11 @@
 A chain is a list of prefix ids, each standing for its block and every block before it, with the cumulative
 tokens up to each block. Every request observed through a prefix adds one to its count, and counts decay
 exponentially with a half-life: a count of c stamped at time t is worth c * 2 ** (-(now - t) / half_life)
-at `now`. So one number holds both frequency (a long half-life) and recency (a short one), and a count
-times ln 2 / half-life estimates the prefix's rate in requests per second.
+at `now`, and a count times ln 2 / half-life estimates the prefix's rate in requests per second. A short
+half-life follows recency, a long one frequency. Conversations reward the first (a chat resumed minutes
+later) and shared documents the second (used all hour, not in the last minute), so a trie can be
+`blend`ed with a second one of the same observations at a shorter half-life: its rate is then the mean
+of the two estimates.
 
 Invariants: a prefix's decayed count is at least any of its children's (every observation through a child
 went through it too); a decayed count never grows between observations.
@@ -41,6 +44,7 @@ class PrefixTrie:
             raise ValueError(f"half_life_s must be positive, got {half_life_s}")
         self.half_life_s = half_life_s
         self._nodes: dict[int, TrieNode] = {}
+        self._fast: PrefixTrie | None = None
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -69,8 +73,20 @@ class PrefixTrie:
 
     def rate(self, prefix_id: int, now: float) -> float:
         """Estimated requests per second through `prefix_id` at `now`: the decayed count over the decay's
-        integral (half-life / ln 2)."""
-        return self.count(prefix_id, now) * math.log(2) / self.half_life_s
+        integral (half-life / ln 2); blended, the mean of that and the faster trie's estimate."""
+        own = self.count(prefix_id, now) * math.log(2) / self.half_life_s
+        return own if self._fast is None else (own + self._fast.rate(prefix_id, now)) / 2
+
+    def blend(self, fast: PrefixTrie) -> None:
+        """Estimate rates (`rate`) as the mean of this trie's and `fast`'s: the same observations counted
+        with a shorter half-life, which `fast` must have (`ValueError` otherwise). `fast` may lack prefixes
+        whose counts decayed to nothing there; they count 0 in it. Counts and nodes stay this trie's."""
+        if not fast.half_life_s < self.half_life_s:
+            raise ValueError(
+                f"a blended trie's half-life ({fast.half_life_s:g} s) must be shorter than"
+                f" {self.half_life_s:g} s"
+            )
+        self._fast = fast
 
     def observe(self, chain: Sequence[int], tokens: Sequence[int], now: float, weight: float = 1.0) -> None:
         """Count `weight` requests (one by default; the planner hands a leaf's decayed total at once)

@@ -11,7 +11,7 @@ through the same two functions, so what it measures is what the planner issues.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Container, Iterable, Mapping
+from collections.abc import Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from warmplane.services.planner.policy.budget import WarmBudget
@@ -51,26 +51,46 @@ class RingSpec:
 
 @dataclass(frozen=True, slots=True)
 class PolicyKnobs:
-    """The selection's tuning: see `select_warm_set`."""
+    """The selection's tuning: see `select_warm_set`; the two half-lives are `trie_from_counts`'s. The
+    defaults are the planner's and the trace evaluator's (`PlanSettings`, `EvalParams`)."""
 
-    half_life_s: float = 600.0
+    half_life_s: float = 60.0
+    frequency_half_life_s: float | None = 600.0
     ramp_window_s: float = 300.0
     min_reuse_probability: float = 0.3
     capacity_fraction: float = 0.5
 
 
 def trie_from_counts(
-    prefixes: Iterable[StoredPrefix], counts: Iterable[LeafCount], now: float, half_life_s: float
+    prefixes: Iterable[StoredPrefix],
+    counts: Iterable[LeafCount],
+    now: float,
+    half_life_s: float,
+    frequency_half_life_s: float | None = None,
 ) -> tuple[PrefixTrie, int]:
     """The trie of `counts` at `now`, and how many leaves were left out.
 
-    A leaf's chain is walked up `prefixes` to its root. A leaf that is unknown, whose chain loops or whose
-    tokens decrease down the chain (data being retired, or corrupt) is left out and counted; nothing else is
-    lost. Counts stamped after `now` count as at `now`. Raises `ValueError` for a half-life that is not
-    positive.
+    With `frequency_half_life_s` (longer than `half_life_s`), the trie counts at that half-life and is
+    blended with one counting at `half_life_s` (`PrefixTrie.blend`): its rates are the mean of a frequency
+    and a recency estimate. A leaf's chain is walked up `prefixes` to its root. A leaf that is unknown,
+    whose chain loops or whose tokens decrease down the chain (data being retired, or corrupt) is left out
+    and counted; nothing else is lost (a count decayed to nothing is simply gone). Counts stamped after
+    `now` count as at `now`. Raises `ValueError` for a half-life that is not positive, or a frequency
+    half-life not longer than `half_life_s`.
     """
-    trie = PrefixTrie(half_life_s)
     by_id = {prefix.prefix_id: prefix for prefix in prefixes}
+    counts = list(counts)
+    if frequency_half_life_s is None:
+        return _decayed_trie(by_id, counts, now, half_life_s)
+    trie, left_out = _decayed_trie(by_id, counts, now, frequency_half_life_s)
+    trie.blend(_decayed_trie(by_id, counts, now, half_life_s)[0])
+    return trie, left_out
+
+
+def _decayed_trie(
+    by_id: Mapping[int, StoredPrefix], counts: Sequence[LeafCount], now: float, half_life_s: float
+) -> tuple[PrefixTrie, int]:
+    trie = PrefixTrie(half_life_s)
     weights: dict[int, float] = {}
     for count in counts:
         if count.requests > 0:
@@ -78,9 +98,11 @@ def trie_from_counts(
             weights[count.leaf] = weights.get(count.leaf, 0.0) + decayed
     left_out = 0
     for leaf in sorted(weights, key=lambda leaf: (-weights[leaf], leaf)):
-        chain = _chain(by_id, leaf)
         weight = weights[leaf]
-        if chain is None or not weight > 0 or math.isinf(weight):
+        if weight == 0:  # decayed below the smallest float: nothing left to count
+            continue
+        chain = _chain(by_id, leaf)
+        if chain is None or not math.isfinite(weight):
             left_out += 1
             continue
         try:

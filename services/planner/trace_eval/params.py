@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from warmplane.services.planner.policy import PolicyKnobs
+
+_PLANNER = PolicyKnobs()
+"""The planner's defaults: what the evaluator measures unless told otherwise."""
+
 
 @dataclass(frozen=True, slots=True)
 class EvalParams:
@@ -14,20 +19,22 @@ class EvalParams:
     it); `join_at`: when the newcomer joins, as a share of the trace's span; `routing_depth`: the chain
     depth requests are routed by, None for automatic (see `fleet_sim.auto_routing_depth`); `load_window`
     (s): requests counted as a replica's load by the ring's bounded-load pick; `half_life` (s),
-    `ramp_window` (s), `min_reuse` and `bucket_seconds`: the planner policy's knobs and statistics bucket.
+    `frequency_half_life` (s, None for none), `ramp_window` (s), `min_reuse` and `bucket_seconds`: the
+    planner policy's knobs and statistics bucket. The cap and the knobs default to the planner's own.
     """
 
     block_tokens: int = 512
     replicas: int = 4
     capacity_blocks: int = 8000
-    capacity_fraction: float = 0.25
+    capacity_fraction: float = _PLANNER.capacity_fraction
     join_at: float = 0.5
     routing_depth: int | None = None
     load_factor: float = 1.25
     load_window: float = 60.0
-    half_life: float = 60.0
-    ramp_window: float = 300.0
-    min_reuse: float = 0.3
+    half_life: float = _PLANNER.half_life_s
+    frequency_half_life: float | None = _PLANNER.frequency_half_life_s
+    ramp_window: float = _PLANNER.ramp_window_s
+    min_reuse: float = _PLANNER.min_reuse_probability
     bucket_seconds: int = 60
 
     def __post_init__(self) -> None:

@@ -108,7 +108,9 @@ def warmplane(setup: Setup) -> WarmBlocks:
             parent = block
         counts[(request.chain[-1], int(request.t // width))] += 1
     leaves = [LeafCount(leaf, bucket * width + width / 2, n) for (leaf, bucket), n in counts.items()]
-    trie, _left_out = trie_from_counts(prefixes.values(), leaves, setup.join_t, params.half_life)
+    trie, _left_out = trie_from_counts(
+        prefixes.values(), leaves, setup.join_t, params.half_life, params.frequency_half_life
+    )
     items, _limit = choose_for_replica(
         trie,
         setup.join_t,
@@ -117,7 +119,13 @@ def warmplane(setup: Setup) -> WarmBlocks:
         ring=RingSpec(setup.routing_depth, setup.after.vnodes, setup.after.load_factor),
         budget=WarmBudget(tokens=params.limit_tokens),
         kv_capacity_tokens=params.capacity_blocks * params.block_tokens,
-        knobs=PolicyKnobs(params.half_life, params.ramp_window, params.min_reuse, params.capacity_fraction),
+        knobs=PolicyKnobs(
+            params.half_life,
+            params.frequency_half_life,
+            params.ramp_window,
+            params.min_reuse,
+            params.capacity_fraction,
+        ),
     )
     return [(item.prefix_id, item.cost_tokens) for item in items]
 
