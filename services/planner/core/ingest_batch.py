@@ -152,7 +152,9 @@ def fold_events(events: Iterable[Event], *, stored_nodes: Set[NodeKey]) -> Inges
     """Fold `events` into one batch.
 
     `stored_nodes` holds chain nodes already known to be in the database, whose edges need not be
-    written again (a cache; being wrong costs a no-op write, never a wrong count). Events the planner
+    written again (a cache: forgetting a node costs a redundant write, never a wrong count; remembering
+    one whose row was swept would cost a broken chain, which `node_cache.NodeCache`'s age bound rules
+    out). Events the planner
     does not ingest (plans) are counted in `ignored`.
     """
     batch = IngestBatch()
