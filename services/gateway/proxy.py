@@ -48,7 +48,7 @@ from warmplane.services.gateway.relayed_stream import Outcome, RelayedStream
 from warmplane.services.gateway.result_cache import Hit, Lookup, ResultCache
 from warmplane.services.gateway.router import Router
 from warmplane.services.gateway.settings import GatewayOptions, RoutingSettings
-from warmplane.services.gateway.sse_relay import SseRelay
+from warmplane.services.gateway.sse_relay import Fingerprint, SseRelay
 from warmplane.services.gateway.tenants import EpochBook, SaltBook, TenantDirectory
 from warmplane.services.gateway.upstream import (
     Upstream,
@@ -61,6 +61,8 @@ from warmplane.shared.prefix_chain import Namespace, PrefixChain
 
 REPLICA_HEADER = "x-warmplane-replica"
 CACHE_HEADER = "x-warmplane-cache"
+_MAX_FINGERPRINTS = 4_096
+"""Replicas whose fingerprint is remembered at once; past that the memory starts again."""
 _decoder = msgspec.json.Decoder()
 
 
@@ -103,6 +105,8 @@ class Proxy:
         self._results = results
         self._wall = wall
         self._monotonic = monotonic
+        self._fingerprints: dict[str, Fingerprint] = {}
+        """Each replica's `system_fingerprint` as its last usage chunk showed it (`sse_relay`)."""
 
     def authenticate(self, request: Request) -> str:
         """The tenant of the request's bearer key. Raises `ApiError` (401) without a valid one."""
@@ -233,8 +237,14 @@ class Proxy:
                 self._eject(replica, "mid_stream")
             elif outcome == "complete":
                 self._observe(job, replica, route, relay.usage, ttft)
+            if relay.fingerprint is not None:
+                if len(self._fingerprints) >= _MAX_FINGERPRINTS and replica.name not in self._fingerprints:
+                    self._fingerprints.clear()  # replicas come and go: names of long-gone ones are dropped
+                self._fingerprints[replica.name] = relay.fingerprint
 
-        relay = SseRelay(strip_usage_chunk=not request.wants_usage)
+        relay = SseRelay(
+            strip_usage_chunk=not request.wants_usage, fingerprint=self._fingerprints.get(replica.name)
+        )
         return RelayedStream(
             upstream,
             relay,

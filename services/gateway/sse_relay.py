@@ -3,14 +3,19 @@
 vLLM frames each event as `data: <json>\n\n`. The relay forwards every complete event exactly as it
 arrived, except when the gateway asked for the usage chunk (`"choices": []` with `usage`) and the
 client did not. Then the client must see what the engine would have sent it directly, and with usage
-on, vLLM moves `system_fingerprint` from the last content chunk to the usage chunk. So the relay holds
-back a chunk that finishes a choice (`"finish_reason":"..."`) until the next event; if that is the usage
-chunk, it is dropped and its fingerprint put back at the end of the held chunk, where vLLM writes it.
-Bytes after the last complete event wait for the rest of their event (or the end of the stream).
+on, vLLM moves `system_fingerprint` from each chunk that finishes a choice (`"finish_reason":"..."`)
+to the usage chunk. The fingerprint is the engine's constant (its version and configuration hash, or
+nothing with `--fingerprint-mode none`), so once a usage chunk of a replica has shown it (`Fingerprint`),
+the relay writes it at the end of a finishing chunk, where vLLM writes it, and forwards the chunk at
+once. Before that it holds a finishing chunk back until the next event; if that is the usage chunk,
+it is dropped and its fingerprint put back. (Holding cost a one-token answer its first byte: its only
+content chunk is the finishing one.) A replica restarted with another fingerprint gives one stream
+the old one. Bytes after the last complete event wait for the rest of their event (or the end).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -27,15 +32,25 @@ def _has_usage(data: bytes) -> bool:
     return b'"usage":{' in data or b'"usage": {' in data
 
 
-class SseRelay:
-    """Feed upstream chunks in, forward what `feed` and `finish` return; read `usage` at the end."""
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """A replica's `system_fingerprint` as its usage chunks carry it (`value` None: they carry none)."""
 
-    def __init__(self, *, strip_usage_chunk: bool) -> None:
+    value: str | None
+
+
+class SseRelay:
+    """Feed upstream chunks in, forward what `feed` and `finish` return; read `usage` (and the replica's
+    `fingerprint`, None while no usage chunk showed it) at the end. `fingerprint`: what the replica's
+    earlier streams showed, if any."""
+
+    def __init__(self, *, strip_usage_chunk: bool, fingerprint: Fingerprint | None = None) -> None:
         self._strip = strip_usage_chunk
         self._pending = b""
         self._held: bytes | None = None
         self.usage: dict[str, Any] | None = None
         """The last `usage` object seen in the stream, if any."""
+        self.fingerprint = fingerprint
 
     def feed(self, chunk: bytes) -> bytes:
         """The complete events `chunk` finishes, to forward now (possibly empty)."""
@@ -72,10 +87,12 @@ class SseRelay:
             if self._held is not None:
                 out.append(self._held)
                 self._held = None
-            if _FINISHED in event:
-                self._held = framed
-            else:
+            if _FINISHED not in event:
                 out.append(framed)
+            elif self.fingerprint is not None:
+                out.append(_with_fingerprint(framed, self.fingerprint.value))
+            else:
+                self._held = framed
         return out
 
     def _read_usage(self, event: bytes) -> dict[str, Any] | None:
@@ -90,6 +107,9 @@ class SseRelay:
         if not isinstance(usage, dict):
             return None
         self.usage = usage
+        if chunk.get("choices") == []:
+            fingerprint = chunk.get("system_fingerprint")
+            self.fingerprint = Fingerprint(fingerprint if isinstance(fingerprint, str) else None)
         return chunk  # type: ignore[no-any-return]
 
 

@@ -175,18 +175,32 @@ async def test_a_stream_through_the_gateway_is_what_the_engine_streams_directly(
         httpx.AsyncClient(base_url=gateway.url, timeout=TIMEOUT) as client,
     ):
         await wait_ready(gateway, body["model"], 2)
-        through = await client.post("/v1/chat/completions", json=body, headers=headers(keys["acme"]))
-    engine = engines[through.headers["x-warmplane-replica"]]
+        # The first stream from a replica shows the gateway its fingerprint; the second is relayed with it.
+        streams = [
+            await client.post("/v1/chat/completions", json=body, headers=headers(keys["acme"]))
+            for _ in range(2)
+        ]
+    assert streams[0].headers["x-warmplane-replica"] == streams[1].headers["x-warmplane-replica"]
+    engine = engines[streams[0].headers["x-warmplane-replica"]]
     salt = derive_cache_salt(SecretStr(f"salt-acme-{run}"), "acme", engine.model_name, 0)
     async with httpx.AsyncClient(timeout=TIMEOUT) as direct:
         straight = await direct.post(
             f"{engine.base_url}/v1/chat/completions", json={**body, "cache_salt": salt}
         )
-    assert through.headers["content-type"] == straight.headers["content-type"]
-    ours, theirs = stream_summary(through.content), stream_summary(straight.content)
-    assert ours == theirs
-    assert ours["text"][0] and ours["finish"] == {0: "length"} and ours["terminator"] == "[DONE]"
-    assert any("usage" in keys for keys in ours["last"]) == include_usage
+    theirs = stream_summary(straight.content)
+    for through in streams:
+        assert through.headers["content-type"] == straight.headers["content-type"]
+        ours = stream_summary(through.content)
+        assert ours == theirs
+        assert ours["text"][0] and ours["finish"] == {0: "length"} and ours["terminator"] == "[DONE]"
+        assert any("usage" in keys for keys in ours["last"]) == include_usage
+        assert fingerprints(through.content) == fingerprints(straight.content) != []
+
+
+def fingerprints(raw: bytes) -> list[object]:
+    """The `system_fingerprint` of each chunk that has one, in order."""
+    chunks = [event for event in sse_payloads(raw) if isinstance(event, dict)]
+    return [chunk["system_fingerprint"] for chunk in chunks if "system_fingerprint" in chunk]
 
 
 async def test_a_replica_killed_mid_stream_ends_the_stream_cleanly_and_is_routed_around(

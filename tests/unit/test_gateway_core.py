@@ -12,7 +12,7 @@ from warmplane.services.gateway.membership import Replica, ReplicaTable, static_
 from warmplane.services.gateway.observations import PayloadMemory, cacheable, resident_depth, scaled_tokens
 from warmplane.services.gateway.router import Router
 from warmplane.services.gateway.settings import RoutingSettings
-from warmplane.services.gateway.sse_relay import SseRelay
+from warmplane.services.gateway.sse_relay import Fingerprint, SseRelay
 from warmplane.shared.events import (
     ModelRef,
     ReplicaBecameReady,
@@ -195,3 +195,30 @@ def test_without_usage_the_finishing_chunk_gets_back_the_fingerprint_vllm_moved_
     held = SseRelay(strip_usage_chunk=True)
     assert held.feed(finishing) == b""
     assert held.finish() == finishing
+
+
+def test_a_finishing_chunk_goes_at_once_with_the_fingerprint_the_replica_showed_before() -> None:
+    finishing = b'data: {"id":"x","choices":[{"index":0,"text":"b","finish_reason":"length"}]}\n\n'
+    usage = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":6},"system_fingerprint":"vllm-0.32"}\n\n'
+    direct = finishing.removesuffix(b"}\n\n") + b',"system_fingerprint":"vllm-0.32"}\n\n'
+    first = SseRelay(strip_usage_chunk=True)
+    assert first.feed(finishing) == b""  # nothing known yet: held for the usage chunk
+    assert first.feed(usage) == direct
+    assert first.fingerprint == Fingerprint("vllm-0.32")
+
+    known = SseRelay(strip_usage_chunk=True, fingerprint=first.fingerprint)
+    assert known.feed(finishing) == direct  # a one-token answer's first byte waits for nothing
+    assert known.feed(usage + b"data: [DONE]\n\n") == b"data: [DONE]\n\n"
+    # A second choice's finishing chunk is stamped too, as vLLM stamps each without usage.
+    assert known.feed(finishing.replace(b'"index":0', b'"index":1')).endswith(
+        b'"system_fingerprint":"vllm-0.32"}\n\n'
+    )
+
+    silent = SseRelay(strip_usage_chunk=True)
+    silent.feed(finishing + b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":6}}\n\n')
+    assert silent.fingerprint == Fingerprint(None)  # `--fingerprint-mode none`: the chunk goes as it is
+    assert SseRelay(strip_usage_chunk=True, fingerprint=silent.fingerprint).feed(finishing) == finishing
+    # A client that asked for usage gets every chunk as it came, and the fingerprint is learnt all the same.
+    passing = SseRelay(strip_usage_chunk=False)
+    assert passing.feed(finishing + usage) == finishing + usage
+    assert passing.fingerprint == Fingerprint("vllm-0.32")
