@@ -8,29 +8,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
+from tests.unit.ingestor_fakes import Consumer, NoLetters, Record, request_record
 from warmplane.services.planner.core.ingest_batch import IngestBatch
 from warmplane.services.planner.core.node_cache import NodeCache
-from warmplane.services.planner.ingestor import Ingestor, Offsets, Partition
+from warmplane.services.planner.ingestor import Ingestor, Partition
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_store import PartitionSlice
 from warmplane.shared.codec import EventCodec
-from warmplane.shared.dead_letters import DeadLetter
-from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.events import ModelRef, RequestObserved
-
-
-@dataclass(frozen=True)
-class Record:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
 
 
 class BrokenStore:
@@ -51,46 +38,8 @@ class BrokenStore:
         return {}
 
 
-class NoLetters:
-    async def send_all(self, letters: Sequence[DeadLetter]) -> None:
-        return None
-
-
-class Consumer:
-    async def commit(self, offsets: Offsets) -> None:
-        return None
-
-    def seek(self, partition: Partition, offset: int) -> None:
-        return None
-
-    def owns(self, partition: Partition) -> bool:
-        return True
-
-
 def _records(first_offset: int, count: int) -> list[Record]:
-    codec = EventCodec()
-    return [
-        Record(
-            "t.requests",
-            0,
-            first_offset + i,
-            None,
-            codec.encode(
-                RequestObserved(
-                    event_id=new_event_id(),
-                    occurred_at=datetime.now(UTC),
-                    producer="test",
-                    tenant="acme",
-                    model=ModelRef("m"),
-                    replica="r",
-                    chain=[1, 2],
-                    chain_tokens=[10, 20],
-                    prompt_tokens=21,
-                )
-            ),
-        )
-        for i in range(count)
-    ]
+    return [request_record(first_offset + i, [1, 2]) for i in range(count)]
 
 
 async def test_drain_and_flush_return_when_the_writer_has_died() -> None:

@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.unit.ingestor_fakes import Consumer, NoLetters, request_record
 from warmplane.services.planner.core.ingest_batch import IngestBatch, NodeKey
 from warmplane.services.planner.core.node_cache import NodeCache
-from warmplane.services.planner.ingestor import Ingestor, Offsets, Partition
+from warmplane.services.planner.ingestor import Ingestor, Partition
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_store import PartitionSlice
 from warmplane.shared.codec import EventCodec
-from warmplane.shared.dead_letters import DeadLetter
-from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.events import ModelRef, RequestObserved
 
 SCOPE = ("acme", "m", "")
 
@@ -71,15 +67,6 @@ def test_the_cache_refuses_an_age_bound_that_is_not_positive() -> None:
         NodeCache(max_age_s=0)
 
 
-@dataclass(frozen=True)
-class Record:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-
-
 class RecordingStore:
     def __init__(self) -> None:
         self.batches: list[IngestBatch] = []
@@ -89,37 +76,6 @@ class RecordingStore:
 
     async def positions(self, partitions: Sequence[Partition], window: int) -> dict[Partition, object]:
         return {}
-
-
-class NoLetters:
-    async def send_all(self, letters: Sequence[DeadLetter]) -> None:
-        return None
-
-
-class Consumer:
-    async def commit(self, offsets: Offsets) -> None:
-        return None
-
-    def seek(self, partition: Partition, offset: int) -> None:
-        return None
-
-    def owns(self, partition: Partition) -> bool:
-        return True
-
-
-def request(offset: int, chain: list[int]) -> Record:
-    event = RequestObserved(
-        event_id=new_event_id(),
-        occurred_at=datetime.now(UTC),
-        producer="test",
-        tenant="acme",
-        model=ModelRef("m"),
-        replica="r",
-        chain=chain,
-        chain_tokens=[10 * (i + 1) for i in range(len(chain))],
-        prompt_tokens=10 * len(chain) + 1,
-    )
-    return Record("t.requests", 0, offset, None, EventCodec().encode(event))
 
 
 @pytest.mark.parametrize(("waited_s", "anchor", "ids"), [(3600.0, 2, [3]), (3601.0, None, [1, 2, 3])])
@@ -140,10 +96,10 @@ async def test_the_writer_folds_a_batch_trusting_only_nodes_younger_than_the_bou
     )
     ingestor.start()
     try:
-        await ingestor.submit([request(0, [1, 2])], Consumer())
+        await ingestor.submit([request_record(0, [1, 2])], Consumer())
         await asyncio.wait_for(ingestor.flush(), 5)
         clock[0] += waited_s
-        await ingestor.submit([request(1, [1, 2, 3])], Consumer())
+        await ingestor.submit([request_record(1, [1, 2, 3])], Consumer())
         await asyncio.wait_for(ingestor.flush(), 5)
     finally:
         await asyncio.wait_for(ingestor.drain(), 5)
