@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from tests.unit.memory_planner import BUCKET, MODEL, NOW, MemoryFleet, MemoryPlans, Published
-from warmplane.services.planner.core.cold_start import ColdStartMonitor, ColdStartRule
+from warmplane.services.planner.core.cold_start import ColdStartMonitor, ColdStartRule, model_bucket_counts
 from warmplane.services.planner.core.deploy_epochs import EpochState, Revisions, deploy_bumps
 from warmplane.services.planner.core.ingest_batch import IngestBatch, RequestColumns
 from warmplane.services.planner.fleet_reactions import FleetReactor
@@ -286,3 +286,29 @@ def test_a_disabled_alarm_watches_nothing() -> None:
     for bucket in range(BUCKET - 6, BUCKET + 1):
         asyncio.run(quiet.after_commit(cold_batch(bucket, 20, 20)))
     assert fleet_store.alarms == [] and not quiet.monitor.firing(MODEL.name)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["m1", "m2", "m3"]), st.floats(0, 400), st.sampled_from([0, 0, 16])),
+        max_size=40,
+    ),
+    st.sampled_from([60, 1000]),
+)
+def test_a_batch_is_summed_per_model_and_bucket_whether_it_spans_one_bucket_or_several(
+    requests: list[tuple[str, float, int]], bucket_seconds: int
+) -> None:
+    columns = RequestColumns(
+        scopes=[("acme", model, "") for model, _, _ in requests],
+        seconds=[1_700_000_000 + at for _, at, _ in requests],
+        cached_tokens=[cached for _, _, cached in requests],
+    )
+    expected: dict[tuple[str, int], list[int]] = {}
+    for model, at, cached in requests:
+        sums = expected.setdefault((model, int(1_700_000_000 + at) // bucket_seconds), [0, 0])
+        sums[0] += 1
+        sums[1] += cached == 0
+    assert list(model_bucket_counts(columns, bucket_seconds)) == [
+        (model, bucket, n, cold) for (model, bucket), (n, cold) in sorted(expected.items())
+    ]
