@@ -133,7 +133,11 @@ def section(path: Path, params: EvalParams, trace_block_tokens: int) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    params = params_from(args)
+    try:
+        params = params_from(args)
+    except ValueError as exc:
+        print(f"bench.evaluate_policy: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     report = "\n".join(section(path, params, args.trace_block_tokens) for path in args.trace)
     print(report)
     if args.output is not None:

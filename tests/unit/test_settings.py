@@ -192,6 +192,9 @@ def test_the_plans_frequency_half_life_is_the_longer_one_and_the_evaluator_measu
     with pytest.raises(ValidationError, match=r"frequency_half_life_s \(600\) must be longer than"):
         PlanSettings(half_life_s=900)
     assert PlanSettings(half_life_s=900, frequency_half_life_s=None).frequency_half_life_s is None
+    with pytest.raises(ValueError, match=r"frequency half-life \(600 s\) must be longer than the half-life"):
+        EvalParams(half_life=900)
+    assert EvalParams(half_life=900, frequency_half_life=None).frequency_half_life is None
     plans, knobs, evaluated = PlanSettings(), PolicyKnobs(), EvalParams()
     assert (plans.half_life_s, plans.frequency_half_life_s, plans.capacity_fraction) == (
         evaluated.half_life,

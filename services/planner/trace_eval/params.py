@@ -42,6 +42,11 @@ class EvalParams:
             raise ValueError("block_tokens, capacity_blocks and replicas must be positive")
         if not 0.0 <= self.join_at <= 1.0:
             raise ValueError("join_at is a share of the trace's span, in [0, 1]")
+        if self.frequency_half_life is not None and not self.frequency_half_life > self.half_life:
+            raise ValueError(
+                f"the frequency half-life ({self.frequency_half_life:g} s) must be longer than the half-life"
+                f" ({self.half_life:g} s), or none"
+            )
 
     @property
     def limit_tokens(self) -> int:
