@@ -3,8 +3,8 @@
     python -m bench.paths_index_bench [--prefill 300000] [--batches 300] [--rows 1000] [--runs 2]
 
 Three tables shaped as `prefix_paths` in the embedded PostgreSQL: `plain` (its primary key, as before
-migration 0012), `brin` (plus the BRIN index on `first_seen` that 0012 adds) and `anchor` (plus a
-B-tree on (scope_id, anchor_id), which 0012 does not add). Each is filled with `--prefill` chat-shaped
+migration 0012), `brin` (plus the BRIN index on `first_seen`) and `anchor` (plus the B-tree on
+(scope_id, anchor_id) as well: both indexes 0012 adds). Each is filled with `--prefill` chat-shaped
 rows (random 63-bit ids, as prefix hashes are; a dozen new ids a row; each row anchored at an earlier
 row's leaf), then batches of `--rows` such rows are inserted as `warmplane_ingest_events` inserts them
 (unnest, ORDER BY the key, ON CONFLICT DO NOTHING), to each table in rotating order, `first_seen`

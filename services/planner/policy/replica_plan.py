@@ -79,29 +79,34 @@ def trie_from_counts(
     half-life not longer than `half_life_s`.
     """
     by_id = {prefix.prefix_id: prefix for prefix in prefixes}
-    counts = list(counts)
+    counts = [count for count in counts if count.requests > 0]
+    chains = {count.leaf: _chain(by_id, count.leaf) for count in counts}  # walked once for both tries
     if frequency_half_life_s is None:
-        return _decayed_trie(by_id, counts, now, half_life_s)
-    trie, left_out = _decayed_trie(by_id, counts, now, frequency_half_life_s)
-    trie.blend(_decayed_trie(by_id, counts, now, half_life_s)[0])
+        return _decayed_trie(chains, counts, now, half_life_s)
+    trie, left_out = _decayed_trie(chains, counts, now, frequency_half_life_s)
+    trie.blend(_decayed_trie(chains, counts, now, half_life_s)[0])
     return trie, left_out
 
 
 def _decayed_trie(
-    by_id: Mapping[int, StoredPrefix], counts: Sequence[LeafCount], now: float, half_life_s: float
+    chains: Mapping[int, list[StoredPrefix] | None],
+    counts: Sequence[LeafCount],
+    now: float,
+    half_life_s: float,
 ) -> tuple[PrefixTrie, int]:
+    """The trie of `counts` (each with requests) at `now`, and how many leaves were left out;
+    `chains`: each leaf's chain, root first (None: unknown or looping)."""
     trie = PrefixTrie(half_life_s)
     weights: dict[int, float] = {}
     for count in counts:
-        if count.requests > 0:
-            decayed = count.requests * trie.decay_factor(max(0.0, now - count.at_s))
-            weights[count.leaf] = weights.get(count.leaf, 0.0) + decayed
+        decayed = count.requests * trie.decay_factor(max(0.0, now - count.at_s))
+        weights[count.leaf] = weights.get(count.leaf, 0.0) + decayed
     left_out = 0
     for leaf in sorted(weights, key=lambda leaf: (-weights[leaf], leaf)):
         weight = weights[leaf]
         if weight == 0:  # decayed below the smallest float: nothing left to count
             continue
-        chain = _chain(by_id, leaf)
+        chain = chains[leaf]
         if chain is None or not math.isfinite(weight):
             left_out += 1
             continue
