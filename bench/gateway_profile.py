@@ -67,6 +67,7 @@ class _Canned:
     def __init__(self, stream: bool) -> None:
         self.status = 200
         self.content_type: str | None = "text/event-stream" if stream else "application/json"
+        self.resent = False
         self._chunks = STREAM if stream else [ANSWER]
 
     async def read(self) -> bytes:

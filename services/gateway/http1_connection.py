@@ -9,8 +9,9 @@ Invariants:
 - `wait()` returns when the answer moved on (its head, body bytes, its end) or failed; a failure is
   kept and `raise_failure()` raises it: `UpstreamTimeout` after `read_timeout_s` without a byte (each
   wait has its own bound, and every byte ends a wait), `UpstreamBroken` when the replica closed the
-  connection before the answer ended or sent what httptools cannot parse. A failure or a cancelled wait
-  aborts the connection: an answer left halfway is never read again.
+  connection before the answer ended or sent what httptools cannot parse (`UpstreamClosed` when it
+  closed it before a byte of the answer, or it was closing when the request went out). A failure or a
+  cancelled wait aborts the connection: an answer left halfway is never read again.
 - More than `buffer_bytes` of body taken from the socket but not by the reader pauses reading from
   the socket; `take()` resumes it.
 - Bytes that arrive while no request is out, or past the end of an answer, close the connection.
@@ -24,7 +25,7 @@ from typing import cast
 
 import httptools
 
-from warmplane.services.gateway.upstream import UpstreamBroken, UpstreamTimeout
+from warmplane.services.gateway.upstream import UpstreamBroken, UpstreamClosed, UpstreamTimeout
 
 Key = tuple[str, int]
 
@@ -54,6 +55,7 @@ class Http1Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._paused = False
         self._asked = False
+        self._heard = False  # a byte arrived since the request went out
         self.error: UpstreamBroken | UpstreamTimeout | None = None
         self._begin_answer()
 
@@ -81,8 +83,9 @@ class Http1Connection(asyncio.Protocol):
         """Write one request (a single write); its answer starts afresh."""
         self._begin_answer()
         self._asked = True
+        self._heard = False
         if self.transport.is_closing():
-            self._fail(UpstreamBroken("the connection was closing"))
+            self._fail(UpstreamClosed("the connection was closing"))
             return
         self.transport.write(request)
 
@@ -155,6 +158,7 @@ class Http1Connection(asyncio.Protocol):
         if not self._asked or self.complete:
             self.transport.close()  # bytes nobody asked for: the connection is not trusted again
             return
+        self._heard = True
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
@@ -171,9 +175,11 @@ class Http1Connection(asyncio.Protocol):
         if self._asked and not self.complete:
             if self.headed and not self._delimited and exc is None:
                 self.complete = True  # an answer delimited by the connection's close (HTTP/1.0 style)
-            else:
+            elif self._heard:
                 stage = "mid-answer" if self.headed else "before answering"
                 self._fail(UpstreamBroken(f"the replica closed the connection {stage}"))
+            else:
+                self._fail(UpstreamClosed("the replica closed the connection before answering"))
         self._wake()
         if not self.lost.done():
             self.lost.set_result(None)

@@ -12,6 +12,9 @@ Contracts, beyond `upstream.Upstream`'s:
   while idle leaves the pool at once. A connection returns to the pool only on `close()` after an answer
   that arrived whole over HTTP/1.1 keep-alive (read or not): never after `Connection: close`, HTTP/1.0,
   an answer cut short, an error, a timeout or a cancelled wait.
+- A request whose kept-alive connection the replica closes without a byte of answer (`UpstreamClosed`:
+  the close crossed the request on the wire) goes out once more on a new connection, and its response
+  says so (`resent`); on a new connection the same failure is final.
 - `connect_timeout_s` bounds opening a connection (`UpstreamUnreachable`); `read_timeout_s` bounds each
   wait for bytes, the head's and every body chunk's (`UpstreamTimeout`). More than `buffer_bytes` of
   body not yet read pauses reading from the replica until the reader catches up.
@@ -26,7 +29,12 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from warmplane.services.gateway.http1_connection import Http1Connection, Key
-from warmplane.services.gateway.upstream import UpstreamBroken, UpstreamResponse, UpstreamUnreachable
+from warmplane.services.gateway.upstream import (
+    UpstreamBroken,
+    UpstreamClosed,
+    UpstreamResponse,
+    UpstreamUnreachable,
+)
 
 _TARGETS_KEPT = 1024  # parsed replica URLs remembered; the cache is cleared when it grows past this
 
@@ -65,12 +73,22 @@ class HttpToolsUpstream:
         if self._closed:
             raise RuntimeError("the upstream client is closed")
         target = self._targets.get(url) or self._parse(url)
-        connection = self._reuse(target.key) or await self._connect(target)
-        connection.send(b"".join((target.head, b"%d\r\n\r\n" % len(body), body)))
+        request = b"".join((target.head, b"%d\r\n\r\n" % len(body), body))
+        kept = self._reuse(target.key)
+        if kept is not None:
+            try:
+                return await self._exchange(kept, request, resent=False)
+            except UpstreamClosed:
+                pass  # closed by the replica as the request went out, unanswered: sent once more
+        return await self._exchange(await self._connect(target), request, resent=kept is not None)
+
+    async def _exchange(self, connection: Http1Connection, request: bytes, *, resent: bool) -> _Response:
+        """Send `request` on `connection`; return once the answer's head arrived."""
+        connection.send(request)
         while not connection.headed:  # a failure after the head is the body's: `read` raises it
             connection.raise_failure()
             await connection.wait()
-        return _Response(connection, self._release)
+        return _Response(connection, self._release, resent)
 
     async def close(self) -> None:
         self._closed = True
@@ -179,9 +197,12 @@ class HttpToolsUpstream:
 class _Response:
     """One answer; after `close()` it is not read again (its connection may carry another request)."""
 
-    def __init__(self, connection: Http1Connection, release: Callable[[Http1Connection], None]) -> None:
+    def __init__(
+        self, connection: Http1Connection, release: Callable[[Http1Connection], None], resent: bool
+    ) -> None:
         self.status = connection.status
         self.content_type = connection.content_type
+        self.resent = resent
         self._connection = connection
         self._release = release
         self._closed = False

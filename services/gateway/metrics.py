@@ -78,6 +78,13 @@ class GatewayMetrics:
             ["replica"],
             registry=registry,
         )
+        self.resends = Counter(
+            "warmplane_gateway_resends",
+            "Requests sent to a replica once more, on a new connection, after it closed a kept-alive one"
+            " without answering (its idle timeout crossed the request)",
+            ["replica"],
+            registry=registry,
+        )
         self.ejections = Counter(
             "warmplane_gateway_ejections",
             "Times a replica was left out of the ring after a failure",

@@ -6,7 +6,9 @@ Contracts:
   and bytes (streams: byte for byte, minus the usage chunk only the gateway asked for).
 - A request goes to its replicas in `Router.route` order. It moves to the next one only when no byte
   of it can have been acted on: the connection failed, or writing the request failed. Any later
-  failure is answered (502, or 504 on a timeout) and never retried, so nothing runs twice.
+  failure is answered (502, or 504 on a timeout) and never retried, so nothing runs twice. (The
+  client itself sends a request once more when a kept-alive connection was closed under it unanswered;
+  counted in `warmplane_gateway_resends_total`: see `upstream.UpstreamClosed`.)
 - A replica that refused connections, broke the protocol or died mid-stream is ejected from the ring
   for `eject_s` (or until it reports ready again). A stream that dies gets one final SSE error event,
   then ends: the client is never left hanging.
@@ -178,6 +180,8 @@ class Proxy:
             except BaseException:
                 self._release(replica.name)
                 raise
+            if upstream.resent:
+                self._metrics.resends.labels(replica.name).inc()
             route = "ring" if index == 0 else "failover"
             if request.stream and upstream.status == 200:
                 return self._relay(job, replica, route, upstream)

@@ -15,6 +15,10 @@ Failures are sorted by what the proxy may do next:
 - `UpstreamTimeout`: the replica went silent longer than the read timeout (504, never retried).
 - `UpstreamBroken`: anything else after the connection was made (disconnected, reset, a broken
   body): the request may have run, so it is answered 502 and never retried.
+- `UpstreamClosed`, the one `UpstreamBroken` the client itself may act on: a kept-alive connection the
+  replica closed without a byte of answer as the request went out (its idle timeout raced the pool's,
+  or it restarted). The replica answered nothing, so `HttpToolsUpstream` sends the request once more on
+  a new connection, as browsers and Go's net/http do; only a failure of that one reaches the proxy.
 """
 
 from __future__ import annotations
@@ -35,9 +39,15 @@ class UpstreamBroken(Exception):
     """The exchange failed after the connection was made; `str()` names what broke."""
 
 
+class UpstreamClosed(UpstreamBroken):
+    """The replica closed the connection before a byte of its answer arrived."""
+
+
 class UpstreamResponse(Protocol):
     status: int
     content_type: str | None
+    resent: bool
+    """Whether the request went out again on a new connection (see `UpstreamClosed`)."""
 
     async def read(self) -> bytes:
         """The whole body. Raises `UpstreamTimeout` or `UpstreamBroken`."""

@@ -21,6 +21,7 @@ from tests.integration.raw_http_server import (
     CHUNKED_HEAD,
     LAST_CHUNK,
     Exchange,
+    Handler,
     chunk,
     ended,
     serving,
@@ -30,6 +31,7 @@ from tests.integration.raw_http_server import (
 from warmplane.services.gateway.httptools_upstream import HttpToolsUpstream
 from warmplane.services.gateway.upstream import (
     UpstreamBroken,
+    UpstreamClosed,
     UpstreamResponse,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -128,6 +130,76 @@ def test_idle_connections_are_closed_after_keepalive_without_another_request(run
             assert client.idle_connections() == 1
             await ended(server, 0)
             assert client.idle_connections() == 0
+
+    run(scenario())
+
+
+def closing_kept_connections(*, unanswered: set[int], partial: bytes = b"") -> Handler:
+    """Answers each request numbered, except those numbered in `unanswered`: for those it writes
+    `partial` and closes the connection, as a replica whose idle timeout crossed the request does."""
+
+    async def handler(exchange: Exchange) -> None:
+        if exchange.number in unanswered:
+            exchange.writer.write(partial)
+            exchange.writer.close()
+        else:
+            await answer_numbered(exchange)
+
+    return handler
+
+
+def test_a_kept_connection_closed_unanswered_sends_the_request_once_more_on_a_new_one(run: Run) -> None:
+    async def scenario() -> None:
+        async with serving(closing_kept_connections(unanswered={1})) as server, upstream() as client:
+            first = await client.post(server.url + "/v1/completions", BODY)
+            assert (await first.read(), first.resent) == (b'{"answer":0}', False)
+            await first.close()
+            second = await client.post(server.url + "/v1/completions", BODY)
+            assert (await second.read(), second.resent) == (b'{"answer":1}', True)
+            await second.close()
+            assert [(e.number, e.connection, e.body) for e in server.exchanges] == [
+                (0, 0, BODY),
+                (1, 0, BODY),
+                (2, 1, BODY),
+            ]
+            assert client.idle_connections() == 1
+
+    run(scenario())
+
+
+def test_a_request_is_sent_once_more_at_most(run: Run) -> None:
+    async def scenario() -> None:
+        async with serving(closing_kept_connections(unanswered={1, 2})) as server, upstream() as client:
+            await post_and_read(client, server.url)
+            with pytest.raises(UpstreamClosed, match="closed the connection before answering"):
+                await client.post(server.url + "/v1/completions", BODY)
+            assert [(e.number, e.connection) for e in server.exchanges] == [(0, 0), (1, 0), (2, 1)]
+            assert client.idle_connections() == 0
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("kept", "partial"),
+    [(False, b""), (True, b"HTTP/1.1 200 OK\r\nContent-Le")],
+    ids=["new-connection", "kept-connection-part-answered"],
+)
+def test_a_close_is_final_on_a_new_connection_or_after_a_byte_of_answer(
+    run: Run, kept: bool, partial: bytes
+) -> None:
+    """A replica that closes a new connection unanswered turned the request away (resending it would
+    double the load on a failing replica); one that began answering may have acted on it."""
+    number = 1 if kept else 0
+
+    async def scenario() -> None:
+        handler = closing_kept_connections(unanswered={number}, partial=partial)
+        async with serving(handler) as server, upstream() as client:
+            if kept:
+                await post_and_read(client, server.url)
+            with pytest.raises(UpstreamBroken, match="closed the connection before answering") as failure:
+                await client.post(server.url + "/v1/completions", BODY)
+            assert isinstance(failure.value, UpstreamClosed) is not kept
+            assert len(server.exchanges) == number + 1
 
     run(scenario())
 

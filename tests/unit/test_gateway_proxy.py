@@ -57,6 +57,7 @@ class Answer:
     ) -> None:
         self.status = status
         self.content_type = content_type
+        self.resent = False
         self.chunks = chunks
         self.error = error
         self.closed = False
@@ -278,6 +279,23 @@ async def test_a_failure_after_the_request_was_sent_is_answered_not_retried(gate
     assert (response.status_code, response.json()["error"]["code"]) == (502, "upstream_error")
     assert len(gateway.fleet.received) == 1
     assert gateway.parts.router.in_flight == {}
+
+
+async def test_a_request_the_client_resent_is_served_counted_and_its_replica_kept(gateway: Harness) -> None:
+    def resent(replica: str, sent: dict[str, Any]) -> Answer:
+        answer = completion(replica, sent)
+        answer.resent = True
+        return answer
+
+    gateway.fleet.answer = resent
+    first = await gateway.post(prompt(5))
+    second = await gateway.post(prompt(5))
+    assert first.status_code == second.status_code == 200
+    replica = first.headers["x-warmplane-replica"]
+    assert second.headers["x-warmplane-replica"] == replica  # not ejected: the replica answered
+    text = (await gateway.client.get("/metrics")).text
+    assert f'warmplane_gateway_resends_total{{replica="{replica}"}} 2.0' in text
+    assert "warmplane_gateway_ejections_total{" not in text
 
 
 async def test_a_stream_passes_through_byte_for_byte_without_the_usage_chunk_it_did_not_ask_for(
