@@ -1,5 +1,5 @@
 """Choosing the items of warm plans: the statistics a plan is chosen from are read here, the decisions are
-the pure policy's (`policy.trie_from_counts`, `policy.choose_for_replica`).
+the pure policy's (`policy.trie_from_counts`, `policy.choose_for_replicas`).
 
 For a model (and, for an epoch bump, one tenant of it), the trie is built once from the stored counts of the
 last `window_hours`, decayed to now with `half_life_s` and with `frequency_half_life_s` (a rate is the mean of
@@ -13,6 +13,7 @@ payload renders them and their chain). Items name their tenant, prompt revision 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from warmplane.services.planner.policy import (
     RingSpec,
     StoredPrefix,
     WarmBudget,
-    choose_for_replica,
+    choose_for_replicas,
     trie_from_counts,
 )
 from warmplane.services.planner.settings import PlanSettings, RingSettings
@@ -137,31 +138,28 @@ class WarmSetChooser:
         `holding_nothing`: a requested re-warm). Raises what the store raises."""
         now = self._clock()
         view = await self._read(model, tenant, epoch, now)
-        chosen: dict[str, tuple[list[int], int]] = {}
-        for replica in replicas:
-            resident = (
-                set()
-                if replica in holding_nothing
-                else {
-                    held.prefix_id
-                    for held in await self._store.held(replica)
-                    if held.epoch == view.epochs.get(held.tenant, 0)
-                }
-            )
-            blocks, limit = choose_for_replica(
-                view.trie,
-                now.timestamp(),
-                replica=replica,
-                members=[r.replica for r in view.live],
-                ring=self._ring,
-                budget=self._budget,
-                kv_capacity_tokens=_capacity(replica, view.live),
-                knobs=self._knobs,
-                resident=resident,
-                renderable=view.renderable,
-                max_items=self._settings.max_items,
-            )
-            chosen[replica] = ([b.prefix_id for b in blocks if b.prefix_id in view.renderable], limit)
+        asked = [replica for replica in replicas if replica not in holding_nothing]
+        holdings = await asyncio.gather(*(self._store.held(replica) for replica in asked))
+        resident = {
+            replica: {held.prefix_id for held in holding if held.epoch == view.epochs.get(held.tenant, 0)}
+            for replica, holding in zip(asked, holdings, strict=True)
+        }
+        selected = choose_for_replicas(
+            view.trie,
+            now.timestamp(),
+            capacities=_capacities(replicas, view.live),
+            members=[r.replica for r in view.live],
+            ring=self._ring,
+            budget=self._budget,
+            knobs=self._knobs,
+            resident=resident,
+            renderable=view.renderable,
+            max_items=self._settings.max_items,
+        )
+        chosen = {
+            replica: ([b.prefix_id for b in blocks if b.prefix_id in view.renderable], limit)
+            for replica, (blocks, limit) in selected.items()
+        }
         payloads = await self._store.payloads(
             sorted({(view.scope_of[p], p) for ids, _ in chosen.values() for p in ids})
         )
@@ -236,13 +234,13 @@ def _scopes_by_prefix(
     return scope_of
 
 
-def _capacity(replica: str, live: Sequence[LiveReplica]) -> int | None:
-    """`replica`'s reported KV capacity; before it reports one (a replica is planned as it starts), the
-    least its model's live peers reported (they run the same engine settings in practice); else None."""
+def _capacities(replicas: Sequence[str], live: Sequence[LiveReplica]) -> dict[str, int | None]:
+    """Each replica's reported KV capacity; before it reports one (a replica is planned as it starts),
+    the least its model's live peers reported (they run the same engine settings in practice); else
+    None."""
     known = {r.replica: r.kv_capacity_tokens for r in live if r.kv_capacity_tokens is not None}
-    if replica in known:
-        return known[replica]
-    return min(known.values()) if known else None
+    fallback = min(known.values()) if known else None
+    return {replica: known.get(replica, fallback) for replica in replicas}
 
 
 def fit_items(items: list[WarmItem], max_bytes: int) -> list[WarmItem]:

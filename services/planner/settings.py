@@ -53,7 +53,7 @@ class IngestSettings(BaseModel):
 
 
 class PlanSettings(BaseModel):
-    """How the planner chooses a replica's warm plan (`policy.choose_for_replica`)."""
+    """How the planner chooses a replica's warm plan (`policy.choose_for_replicas`)."""
 
     budget_tokens: Annotated[int, Field(gt=0, le=2**31 - 1)] = 200_000
     """The most prefill tokens a plan may cost (further capped by the replica's KV capacity and the

@@ -2,8 +2,9 @@
 
 `PrefixTrie` counts requests through each prefix of their chains with exponential decay; `select_warm_set`
 chooses, for one replica, the prefixes worth pre-filling by marginal gain under a `WarmBudget`, restricted
-to the replica's `RoutingShare` of the gateway's hash ring. `trie_from_counts` and `choose_for_replica` are
-the one path from stored counts to a replica's warm set, the planner's and the trace evaluator's. Every
+to the replica's `RoutingShare` of the gateway's hash ring (`select_warm_sets`: many replicas in one pass).
+`trie_from_counts` and `choose_for_replicas` are the one path from stored counts to replicas' warm sets,
+the planner's and the trace evaluator's. Every
 call is handed `now` (seconds, any epoch, as long as one trie sees one clock). An import contract in CI
 keeps this package free of I/O.
 """
@@ -16,10 +17,16 @@ from warmplane.services.planner.policy.replica_plan import (
     RingSpec,
     StoredPrefix,
     choose_for_replica,
+    choose_for_replicas,
     trie_from_counts,
 )
 from warmplane.services.planner.policy.routing_share import RoutingShare
-from warmplane.services.planner.policy.warm_set import WarmItem, reuse_probability, select_warm_set
+from warmplane.services.planner.policy.warm_set import (
+    WarmItem,
+    reuse_probability,
+    select_warm_set,
+    select_warm_sets,
+)
 
 __all__ = [
     "BudgetTier",
@@ -33,8 +40,10 @@ __all__ = [
     "WarmBudget",
     "WarmItem",
     "choose_for_replica",
+    "choose_for_replicas",
     "kv_prefix_seconds",
     "reuse_probability",
     "select_warm_set",
+    "select_warm_sets",
     "trie_from_counts",
 ]

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 from warmplane.services.planner.policy.budget import WarmBudget
 from warmplane.services.planner.policy.prefix_trie import PrefixTrie
-from warmplane.services.planner.policy.routing_share import RoutingShare
-from warmplane.services.planner.policy.warm_set import WarmItem, select_warm_set
+from warmplane.services.planner.policy.warm_set import WarmItem, select_warm_sets
 from warmplane.shared.hash_ring import HashRing
 
 
@@ -144,31 +143,64 @@ def choose_for_replica(
     renderable: Container[int] | None = None,
     max_items: int | None = None,
 ) -> tuple[list[WarmItem], int]:
-    """The warm set of `replica` at `now`, ancestors first, and the token limit it was chosen under.
-
-    The ring holds `members` and `replica` (a starting replica is planned for the share it will take), at
-    full weight: a warm set is for the replica's steady share, not for its first ramped seconds. The limit is
-    `budget.token_limit` at `knobs.capacity_fraction` of `kv_capacity_tokens`, or the budget alone while the
-    capacity is unknown (the warmer still cuts a plan at its own fill cap once the engine reports one).
-    Raises `ValueError` as `select_warm_set` does.
-    """
-    hash_ring = HashRing(sorted({*members, replica}), vnodes=ring.vnodes, load_factor=ring.load_factor)
-    share = RoutingShare(hash_ring, replica, ring.depth)
-    if kv_capacity_tokens is None:
-        capacity, fraction = budget.tokens, 1.0
-    else:
-        capacity, fraction = kv_capacity_tokens, knobs.capacity_fraction
-    items = select_warm_set(
+    """The warm set of `replica` at `now`, ancestors first, and the token limit it was chosen under:
+    `choose_for_replicas` for one replica."""
+    return choose_for_replicas(
         trie,
         now,
-        share=share,
+        capacities={replica: kv_capacity_tokens},
+        members=members,
+        ring=ring,
         budget=budget,
-        kv_capacity_tokens=capacity,
-        capacity_fraction=fraction,
+        knobs=knobs,
+        resident={replica: resident},
+        renderable=renderable,
+        max_items=max_items,
+    )[replica]
+
+
+def choose_for_replicas(
+    trie: PrefixTrie,
+    now: float,
+    *,
+    capacities: Mapping[str, int | None],
+    members: Collection[str],
+    ring: RingSpec,
+    budget: WarmBudget,
+    knobs: PolicyKnobs,
+    resident: Mapping[str, Collection[int]] | None = None,
+    renderable: Container[int] | None = None,
+    max_items: int | None = None,
+) -> dict[str, tuple[list[WarmItem], int]]:
+    """The warm set at `now` of each replica of `capacities` (its KV capacity in tokens, None while
+    unknown), ancestors first, and the token limit it was chosen under.
+
+    The ring holds `members` and the replicas planned (a starting replica is planned for the share it will
+    take), at full weight: a warm set is for the replica's steady share, not for its first ramped seconds.
+    A replica's limit is `budget.token_limit` at `knobs.capacity_fraction` of its capacity, or the budget
+    alone while the capacity is unknown (the warmer still cuts a plan at its own fill cap once the engine
+    reports one). One pass over the trie serves every replica (`select_warm_sets`). Raises `ValueError`
+    as `select_warm_set` does.
+    """
+    hash_ring = HashRing(sorted({*members, *capacities}), vnodes=ring.vnodes, load_factor=ring.load_factor)
+    limits = {
+        replica: (
+            budget.token_limit(budget.tokens, 1.0)
+            if capacity is None
+            else budget.token_limit(capacity, knobs.capacity_fraction)
+        )
+        for replica, capacity in capacities.items()
+    }
+    chosen = select_warm_sets(
+        trie,
+        now,
+        ring=hash_ring,
+        routing_depth=ring.depth,
+        limits=limits,
         ramp_window_s=knobs.ramp_window_s,
         min_reuse_probability=knobs.min_reuse_probability,
         resident=resident,
         renderable=renderable,
         max_items=max_items,
     )
-    return items, budget.token_limit(capacity, fraction)
+    return {replica: (chosen[replica], limits[replica]) for replica in capacities}

@@ -17,12 +17,13 @@ chain), only those are chosen for themselves; their ancestors still come along, 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Container
+from collections.abc import Collection, Container, Mapping
 from dataclasses import dataclass
 
 from warmplane.services.planner.policy.budget import WarmBudget
 from warmplane.services.planner.policy.prefix_trie import PrefixTrie, TrieNode
 from warmplane.services.planner.policy.routing_share import RoutingShare
+from warmplane.shared.hash_ring import HashRing
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,19 +41,6 @@ class WarmItem:
 def reuse_probability(rate_per_s: float, window_s: float) -> float:
     """The chance of at least one use in `window_s` seconds of Poisson traffic at `rate_per_s`, in [0, 1)."""
     return -math.expm1(-max(0.0, rate_per_s) * max(0.0, window_s))
-
-
-def _shared_prefixes(trie: PrefixTrie, share: RoutingShare) -> dict[int, bool]:
-    """Per known prefix, whether it is in `share`; computed down the trie (parents are seen first)."""
-    owned: dict[int, bool] = {}
-    for node in trie.nodes():
-        if node.depth < share.routing_depth:
-            owned[node.prefix_id] = True
-        elif node.depth == share.routing_depth:
-            owned[node.prefix_id] = share.owns_key(node.prefix_id)
-        else:
-            owned[node.prefix_id] = node.parent is not None and owned.get(node.parent, False)
-    return owned
 
 
 def select_warm_set(
@@ -79,23 +67,123 @@ def select_warm_set(
     of them count when it is None). Deterministic for equal inputs. Raises `ValueError` as
     `WarmBudget.token_limit` does.
     """
-    remaining = budget.token_limit(kv_capacity_tokens, capacity_fraction)
-    owned = _shared_prefixes(trie, share)
-    covered = set(resident)
-    probabilities: dict[int, float] = {}
+    limit = budget.token_limit(kv_capacity_tokens, capacity_fraction)
+    return select_warm_sets(
+        trie,
+        now,
+        ring=share.ring,
+        routing_depth=share.routing_depth,
+        limits={share.replica: limit},
+        ramp_window_s=ramp_window_s,
+        min_reuse_probability=min_reuse_probability,
+        resident={share.replica: resident},
+        renderable=renderable,
+        max_items=max_items,
+    )[share.replica]
+
+
+def select_warm_sets(
+    trie: PrefixTrie,
+    now: float,
+    *,
+    ring: HashRing,
+    routing_depth: int,
+    limits: Mapping[str, int],
+    ramp_window_s: float,
+    min_reuse_probability: float,
+    resident: Mapping[str, Collection[int]] | None = None,
+    renderable: Container[int] | None = None,
+    max_items: int | None = None,
+) -> dict[str, list[WarmItem]]:
+    """`select_warm_set` for every replica of `limits` (its token limit) at once, each under its
+    `RoutingShare(ring, replica, routing_depth)` and minus its `resident` prefixes: each result equals
+    that replica's alone, but the trie is walked and the ring asked once for all of them, not once per
+    replica. A fleet re-plan (a deploy, an epoch bump) is thus one pass over the trie plus each replica's
+    own part of it: with a thousand replicas the per-replica walk would repeat the whole trie and build
+    the ring a thousand times. Raises `ValueError` for a replica the ring does not hold.
+    """
+    missing = sorted(set(limits) - set(ring.weights))
+    if missing:
+        raise ValueError(f"replicas {missing} are not on the ring")
+    shared, owned = _partition(trie, ring, routing_depth, limits)
+    total_weight = sum(ring.weights.values())
+    own_probabilities = {
+        node.prefix_id: reuse_probability(trie.rate(node.prefix_id, now), ramp_window_s)
+        for nodes in owned.values()
+        for node in nodes
+    }
+    shared_rates = [(node, trie.rate(node.prefix_id, now)) for node in shared]
+    chosen: dict[str, list[WarmItem]] = {}
+    for replica, limit in limits.items():
+        fraction = ring.weights[replica] / total_weight
+        held = resident.get(replica, ()) if resident is not None else ()
+        covered = set(held)
+        probabilities = {
+            node.prefix_id: reuse_probability(rate * fraction, ramp_window_s)
+            for node, rate in shared_rates
+            if node.prefix_id not in covered
+        }
+        for node in owned.get(replica, ()):
+            if node.prefix_id not in covered:
+                probabilities[node.prefix_id] = own_probabilities[node.prefix_id]
+        chosen[replica] = _greedy(
+            trie,
+            probabilities,
+            covered,
+            limit=limit,
+            min_reuse_probability=min_reuse_probability,
+            renderable=renderable,
+            max_items=max_items,
+        )
+    return chosen
+
+
+def _partition(
+    trie: PrefixTrie, ring: HashRing, routing_depth: int, replicas: Container[str]
+) -> tuple[list[TrieNode], dict[str, list[TrieNode]]]:
+    """The prefixes above `routing_depth` (in every replica's share), and those at it or below by the
+    ring's owner of their routing key, for the owners in `replicas`; one pass, parents before children."""
+    shared: list[TrieNode] = []
+    owners: dict[int, str] = {}
+    owned: dict[str, list[TrieNode]] = {}
     for node in trie.nodes():
-        if owned[node.prefix_id] and node.prefix_id not in covered:
-            rate = trie.rate(node.prefix_id, now)
-            if node.depth < share.routing_depth:
-                rate *= share.weight_fraction
-            probabilities[node.prefix_id] = reuse_probability(rate, ramp_window_s)
+        if node.depth < routing_depth:
+            shared.append(node)
+            continue
+        if node.depth == routing_depth:
+            owner = ring.owner(node.prefix_id)
+        else:
+            parent = owners.get(node.parent) if node.parent is not None else None
+            if parent is None:
+                continue
+            owner = parent
+        owners[node.prefix_id] = owner
+        if owner in replicas:
+            owned.setdefault(owner, []).append(node)
+    return shared, owned
+
+
+def _greedy(
+    trie: PrefixTrie,
+    probabilities: Mapping[int, float],
+    covered: set[int],
+    *,
+    limit: int,
+    min_reuse_probability: float,
+    renderable: Container[int] | None,
+    max_items: int | None,
+) -> list[WarmItem]:
+    """The greedy selection over the candidates `probabilities` names (each prefix in the share and not
+    `covered`, with its reuse probability), within `limit` tokens; updates `covered`."""
+    remaining = limit
     scored = [
         (probability, node)
-        for node in trie.nodes()
-        if (probability := probabilities.get(node.prefix_id, 0.0)) > 0
+        for prefix_id, probability in probabilities.items()
+        if probability > 0
         and probability >= min_reuse_probability
+        and (node := trie.node(prefix_id)) is not None
         and node.own_tokens > 0
-        and (renderable is None or node.prefix_id in renderable)
+        and (renderable is None or prefix_id in renderable)
     ]
     scored.sort(key=lambda pair: (-pair[0], pair[1].depth, pair[1].prefix_id))
     chosen: list[WarmItem] = []
