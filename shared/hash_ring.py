@@ -23,6 +23,8 @@ import hashlib
 import math
 from collections.abc import Iterable, Iterator, Mapping
 
+from warmplane.shared.ring_layout import layout
+
 _MASK = (1 << 64) - 1
 
 
@@ -39,11 +41,6 @@ def key_point(key: int | bytes) -> int:
     if isinstance(key, bytes):
         return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
     return _mix(key & _MASK)
-
-
-def _member_point(member: str, index: int) -> int:
-    digest = hashlib.blake2b(f"{member}\x00{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
 
 
 class HashRing:
@@ -64,15 +61,19 @@ class HashRing:
             if not 0 < weight <= 1:
                 raise ValueError(f"weight of {member!r} must be in (0, 1], got {weight}")
         self.weights: dict[str, float] = weights
+        self._total_weight = sum(weights.values())
         self.vnodes = vnodes
         self.load_factor = load_factor
-        points = sorted(
-            (_member_point(member, i), member)
+        points = layout(tuple(sorted(weights)), vnodes)
+        self._points, self._owners, self._indexes = points.points, points.owners, points.indexes
+        # A member below full weight owns its first `round(vnodes * weight)` points (at least one):
+        # the layout holds every member's points at full weight, and lookups skip the others. So a
+        # ring whose weights step up (a ramp) shares its sorted points with the last one.
+        self._limits = {
+            member: limit
             for member, weight in weights.items()
-            for i in range(max(1, round(vnodes * weight)))
-        )
-        self._points = [point for point, _ in points]
-        self._owners = [member for _, member in points]
+            if (limit := max(1, round(vnodes * weight))) < vnodes
+        }
 
     def __len__(self) -> int:
         return len(self.weights)
@@ -90,25 +91,33 @@ class HashRing:
         if not self._points:
             raise LookupError("the ring has no members")
         start = bisect.bisect_left(self._points, key_point(key))
+        owners, indexes, limits = self._owners, self._indexes, self._limits
         seen: set[str] = set()
         count = len(self._points)
         for step in range(count):
-            member = self._owners[(start + step) % count]
-            if member not in seen:
-                seen.add(member)
-                yield member
-                if len(seen) == len(self.weights):
-                    return
+            at = (start + step) % count
+            member = owners[at]
+            if member in seen or (limits and indexes[at] >= limits.get(member, count)):
+                continue
+            seen.add(member)
+            yield member
+            if len(seen) == len(self.weights):
+                return
 
     def capacity(self, member: str, total_load: int) -> int:
         """The most load `member` may carry when `total_load` (the new unit included) is spread."""
-        share = self.weights[member] / sum(self.weights.values())
+        share = self.weights[member] / self._total_weight
         return max(1, math.ceil(self.load_factor * total_load * share))
 
     def pick(self, key: int | bytes, loads: Mapping[str, int]) -> str:
-        """The member for one more unit of `key` given current `loads` (absent members count 0): the
-        first in `preference(key)` still under its capacity. Raises `LookupError` on an empty ring."""
-        total = sum(loads.get(member, 0) for member in self.weights) + 1
+        """The member for one more unit of `key` given current `loads` (absent members count 0; members
+        of other rings are not counted): the first in `preference(key)` still under its capacity. Raises
+        `LookupError` on an empty ring. Costs the members `loads` names, not the ring's."""
+        weights = self.weights
+        if len(loads) < len(weights):
+            total = sum(load for member, load in loads.items() if member in weights) + 1
+        else:
+            total = sum(loads.get(member, 0) for member in weights) + 1
         for member in self.preference(key):
             if loads.get(member, 0) + 1 <= self.capacity(member, total):
                 return member

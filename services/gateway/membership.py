@@ -14,11 +14,15 @@ Contracts:
 - A model is known while some replica not stopped serves it, ready or not.
 - `seed(replica, ready, as_of)` sets a replica's state as the registry last saw it at `as_of`; lifecycle
   events of it that occurred before `as_of` are then ignored (a replayed topic must not roll it back).
+- `ready(model, now)` changes only when `version` does or an ejection ends: not before
+  `next_change(model, now)` while `version` stays. The router keeps a model's ring that long, so a
+  request costs no walk over the fleet.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -41,8 +45,14 @@ class Replica:
 class Membership(Protocol):
     """The replicas a router may send a model's requests to."""
 
+    version: int
+    """Changes whenever the table does."""
+
     def ready(self, model: str, now: float) -> list[Replica]:
         """The ready replicas of `model`, not ejected at `now`, sorted by name."""
+
+    def next_change(self, model: str, now: float) -> float:
+        """When `ready(model, ...)` next changes on its own (an ejection ends): after `now`, or inf."""
 
     def serves(self, model: str) -> bool:
         """True while some replica serves `model`, ready or not."""
@@ -67,6 +77,7 @@ class ReplicaTable:
         self._entries: dict[str, _Entry] = {}
         self._ejected: dict[str, float] = {}
         self._as_of: dict[str, float] = {}
+        self.version = 0
 
     def apply(self, event: Event) -> bool:
         """Fold one lifecycle event in; False for an event that is not about a replica."""
@@ -75,6 +86,7 @@ class ReplicaTable:
         name = event.replica
         if event.occurred_at.timestamp() < self._as_of.get(name, 0.0):
             return True
+        self.version += 1
         if isinstance(event, ReplicaStopped):
             self._entries.pop(name, None)
             self._ejected.pop(name, None)
@@ -94,12 +106,14 @@ class ReplicaTable:
         `ready_at`, so it is not ramped in again."""
         self._entries[replica.name] = _Entry(dataclasses.replace(replica, url=replica.url.rstrip("/")), ready)
         self._as_of[replica.name] = as_of
+        self.version += 1
 
     def add_ready(self, replica: Replica) -> None:
         """Declare `replica` ready (configuration, tests)."""
         replica = dataclasses.replace(replica, url=replica.url.rstrip("/"))
         self._entries[replica.name] = _Entry(replica, True)
         self._ejected.pop(replica.name, None)
+        self.version += 1
 
     def ready(self, model: str, now: float) -> list[Replica]:
         chosen = [
@@ -108,6 +122,14 @@ class ReplicaTable:
             if entry.ready and entry.replica.model == model and self._ejected.get(name, 0.0) <= now
         ]
         return sorted(chosen, key=lambda replica: replica.name)
+
+    def next_change(self, model: str, now: float) -> float:
+        ends = [
+            until
+            for name, until in self._ejected.items()
+            if until > now and (entry := self._entries.get(name)) is not None and entry.replica.model == model
+        ]
+        return min(ends, default=math.inf)
 
     def serves(self, model: str) -> bool:
         return any(entry.replica.model == model for entry in self._entries.values())
@@ -118,6 +140,7 @@ class ReplicaTable:
     def eject(self, replica: str, until: float) -> None:
         if replica in self._entries:
             self._ejected[replica] = max(until, self._ejected.get(replica, 0.0))
+            self.version += 1
 
 
 def static_membership(replicas: Iterable[Replica]) -> ReplicaTable:

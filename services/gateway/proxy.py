@@ -186,7 +186,7 @@ class Proxy:
             if request.stream and upstream.status == 200:
                 return self._relay(job, replica, route, upstream)
             return await self._answer(job, replica, route, upstream)
-        raise errors.upstream_failed(f"none of the {len(candidates)} ready replicas accepted a connection")
+        raise errors.upstream_failed(f"none of the {len(candidates)} replicas tried accepted a connection")
 
     async def _send(self, replica: Replica, kind: Kind, body: bytes) -> UpstreamResponse:
         try:

@@ -1,19 +1,24 @@
 """Choosing a replica: consistent hashing of a prefix chain element with bounded load, ramp and failover.
 
-`Router.route(model, key, now)` returns the replicas to try, in order: first the bounded-load pick of
-`HashRing.pick` (the key's ring owner unless it carries more than `load_factor` times its share of the
-requests in flight), then the rest of the key's preference order: the failover order on a connection
-error. Loads are the requests in flight per replica, counted by `acquire` and `release`.
+`Router.route(model, key, now)` returns the replicas to try, in order, at most `attempts` of them: first
+the bounded-load pick of `HashRing.pick` (the key's ring owner unless it carries more than `load_factor`
+times its share of the requests in flight), then the next ones in the key's preference order: the
+failover order on a connection error. Loads are the requests in flight per replica, counted by `acquire`
+and `release`.
 
 A replica that turned ready `age` seconds ago has weight `age / ramp_s`, at least `ramp_min_weight`,
 rounded up to a twentieth so a ramp rebuilds a model's ring at most twenty times. Rings are cached by
-their members and weights. The planner asks the same ring (`ring(model, now)`) what each replica serves.
-Pure apart from the in-flight counts: callers pass `now` in Unix seconds.
+their members and weights, and a model's current ring is kept until its membership changes
+(`Membership.version`), an ejection ends or a ramping replica's weight steps up: a request walks
+neither the fleet nor the ring's points (with 1,000 replicas, routing took about 1 ms a request before).
+The planner asks the same ring (`ring(model, now)`) what each replica serves. Pure apart from the
+in-flight counts: callers pass `now` in Unix seconds.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from warmplane.services.gateway.membership import Membership, Replica
 from warmplane.services.gateway.settings import RoutingSettings
@@ -23,40 +28,74 @@ _WEIGHT_STEPS = 20
 _RING_CACHE = 64
 
 
+@dataclass(frozen=True, slots=True)
+class _Current:
+    """A model's ring (None: no replica ready) as of membership `version`, good until `until`."""
+
+    version: int
+    until: float
+    ring: HashRing | None
+    replicas: dict[str, Replica]
+
+
 class Router:
     def __init__(self, membership: Membership, settings: RoutingSettings) -> None:
         self.membership = membership
         self.settings = settings
         self.in_flight: dict[str, int] = {}
         self._rings: dict[tuple[tuple[str, float], ...], HashRing] = {}
+        self._current: dict[str, _Current] = {}
 
     def weight(self, replica: Replica, now: float) -> float:
         """`replica`'s ring weight at `now`, in (0, 1]."""
+        return self._weight(replica, now)[0]
+
+    def _weight(self, replica: Replica, now: float) -> tuple[float, float]:
+        """`replica`'s ring weight at `now`, and until when it holds (inf once it is full)."""
         ramp = self.settings.ramp_s
         if ramp <= 0 or replica.ready_at <= 0:
-            return 1.0
+            return 1.0, math.inf
         share = max(self.settings.ramp_min_weight, min(1.0, (now - replica.ready_at) / ramp))
-        return min(1.0, math.ceil(share * _WEIGHT_STEPS) / _WEIGHT_STEPS)
+        steps = math.ceil(share * _WEIGHT_STEPS)
+        if steps >= _WEIGHT_STEPS:
+            return 1.0, math.inf
+        # The weight steps up once the share passes steps / _WEIGHT_STEPS.
+        return steps / _WEIGHT_STEPS, replica.ready_at + ramp * steps / _WEIGHT_STEPS
 
     def ring(self, model: str, now: float) -> tuple[HashRing, dict[str, Replica]]:
         """The ring over `model`'s ready replicas at `now`, and those replicas by name.
 
         Raises `LookupError` when none is ready."""
-        replicas = {replica.name: replica for replica in self.membership.ready(model, now)}
-        if not replicas:
+        membership = self.membership
+        current = self._current.get(model)
+        if current is None or current.version != membership.version or not now < current.until:
+            current = self._current[model] = self._build(model, now)
+        if current.ring is None:
             raise LookupError(f"no ready replica of {model!r}")
-        members = tuple((name, self.weight(replica, now)) for name, replica in replicas.items())
-        ring = self._rings.get(members)
-        if ring is None:
+        return current.ring, current.replicas
+
+    def _build(self, model: str, now: float) -> _Current:
+        membership = self.membership
+        replicas = {replica.name: replica for replica in membership.ready(model, now)}
+        until = membership.next_change(model, now)
+        members: list[tuple[str, float]] = []
+        for name, replica in replicas.items():
+            weight, holds = self._weight(replica, now)
+            members.append((name, weight))
+            until = min(until, holds)
+        key = tuple(members)
+        ring = self._rings.get(key) if replicas else None
+        if ring is None and replicas:
             if len(self._rings) >= _RING_CACHE:
                 self._rings.clear()
-            ring = self._rings[members] = HashRing(
+            ring = self._rings[key] = HashRing(
                 dict(members), vnodes=self.settings.vnodes, load_factor=self.settings.load_factor
             )
-        return ring, replicas
+        return _Current(membership.version, until, ring, replicas)
 
     def route(self, model: str, key: int, now: float) -> list[Replica]:
-        """The replicas to try for a request of `model` keyed by `key` (a chain element), best first.
+        """The replicas to try for a request of `model` keyed by `key` (a chain element), best first, at
+        most `settings.attempts` of them.
 
         Empty when no replica of `model` is ready."""
         try:
@@ -64,8 +103,13 @@ class Router:
         except LookupError:
             return []
         first = ring.pick(key, self.in_flight)
-        rest = [name for name in ring.preference(key) if name != first]
-        return [replicas[first], *(replicas[name] for name in rest)]
+        chosen = [replicas[first]]
+        for name in ring.preference(key):
+            if len(chosen) >= self.settings.attempts:
+                break
+            if name != first:
+                chosen.append(replicas[name])
+        return chosen
 
     def acquire(self, replica: str) -> int:
         """Count one more request in flight on `replica`; its count now."""

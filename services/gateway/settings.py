@@ -44,6 +44,9 @@ class RoutingSettings(BaseModel):
     eject_s: Seconds = 30.0
     """A replica that failed a connection or died mid-stream is left out this long, or until it
     reports ready again."""
+    attempts: Annotated[int, Field(ge=1, le=64)] = 3
+    """Replicas a request is offered to in turn when connections fail (the ring's pick, then the next
+    in the key's ring order): a bounded failover, not a walk of the whole fleet."""
 
 
 class GatewayOptions(BaseModel):

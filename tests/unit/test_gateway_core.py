@@ -222,3 +222,28 @@ def test_a_finishing_chunk_goes_at_once_with_the_fingerprint_the_replica_showed_
     passing = SseRelay(strip_usage_chunk=False)
     assert passing.feed(finishing + usage) == finishing + usage
     assert passing.fingerprint == Fingerprint("vllm-0.32")
+
+
+def test_a_request_is_offered_to_at_most_attempts_replicas_in_its_keys_ring_order() -> None:
+    chosen = router("a", "b", "c", "d", "e", attempts=2)
+    for key in range(100):
+        order = [replica.name for replica in chosen.route("tiny", key, now=0)]
+        ring, _ = chosen.ring("tiny", 0)
+        assert order == list(ring.preference(key))[:2]
+
+
+def test_a_models_ring_is_kept_until_membership_an_ejections_end_or_a_ramp_step_changes_it() -> None:
+    table = static_membership([Replica("a", "http://a", "tiny"), Replica("b", "http://b", "tiny")])
+    chosen = Router(table, RoutingSettings(ramp_s=100.0, ramp_min_weight=0.1))
+    ring, _ = chosen.ring("tiny", 0)
+    assert chosen.ring("tiny", 5)[0] is ring
+    table.eject("a", until=30)
+    assert set(chosen.ring("tiny", 10)[0].weights) == {"b"}
+    assert set(chosen.ring("tiny", 30)[0].weights) == {"a", "b"}  # ended by the clock alone
+    table.add_ready(Replica("new", "http://new", "tiny", ready_at=1000.0))
+    assert chosen.ring("tiny", 1005.0)[0].weights["new"] == pytest.approx(0.1)
+    assert chosen.ring("tiny", 1010.0)[0].weights["new"] == pytest.approx(0.1)
+    assert chosen.ring("tiny", 1010.5)[0].weights["new"] == pytest.approx(0.15)  # the next twentieth
+    assert chosen.ring("tiny", 1200.0)[0].weights["new"] == 1.0
+    table.apply(lifecycle(ReplicaBecameReady, "c", endpoint="http://c"))
+    assert "c" in chosen.ring("tiny", 1200.0)[0].weights

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import hashlib
 import random
 from collections import Counter
 
@@ -9,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from warmplane.shared import ring_layout
 from warmplane.shared.hash_ring import HashRing, key_point
 
 _RNG = random.Random(7)
@@ -91,3 +94,74 @@ def test_bad_weights_are_refused(members: dict[str, float], message: str) -> Non
 def test_an_empty_ring_says_so() -> None:
     with pytest.raises(LookupError, match="no members"):
         HashRing([]).owner(1)
+
+
+def member_point(member: str, index: int) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{member}\x00{index}".encode(), digest_size=8).digest(), "big")
+
+
+def reference_preference(weights: dict[str, float], vnodes: int, key: int) -> list[str]:
+    """The ring by its definition: each member's first `round(vnodes * weight)` points (at least one),
+    sorted with their names; from the key's point on around, each member once."""
+    points = sorted(
+        (member_point(member, index), member)
+        for member, weight in weights.items()
+        for index in range(max(1, round(vnodes * weight)))
+    )
+    start = bisect.bisect_left([point for point, _ in points], key_point(key))
+    order: list[str] = []
+    for step in range(len(points)):
+        member = points[(start + step) % len(points)][1]
+        if member not in order:
+            order.append(member)
+    return order
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    weights=st.dictionaries(
+        st.text("abcdef", min_size=1, max_size=3),
+        st.sampled_from([0.05, 0.1, 0.55, 0.9, 1.0]),
+        min_size=1,
+        max_size=8,
+    ),
+    vnodes=st.sampled_from([1, 3, 16, 128]),
+    keys=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=20),
+)
+def test_every_ring_orders_members_as_its_definition_says(
+    weights: dict[str, float], vnodes: int, keys: list[int]
+) -> None:
+    """Rings share their sorted points across weights (a ramp re-weights without sorting again), and
+    with members' points cached: neither changes an order."""
+    ring = HashRing(weights, vnodes=vnodes)
+    full = HashRing(dict.fromkeys(weights, 1.0), vnodes=vnodes)  # the same layout, no member held back
+    for key in keys:
+        assert list(ring.preference(key)) == reference_preference(weights, vnodes, key)
+        assert list(full.preference(key)) == reference_preference(dict.fromkeys(weights, 1.0), vnodes, key)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    first=st.sets(st.text("abcdefgh", min_size=1, max_size=2), min_size=1, max_size=12),
+    changes=st.lists(
+        st.tuples(st.booleans(), st.text("abcdefgh", min_size=1, max_size=2)), min_size=1, max_size=6
+    ),
+    vnodes=st.sampled_from([1, 8, 64]),
+)
+def test_a_ring_whose_members_change_by_a_few_orders_them_as_its_definition_says(
+    first: set[str], changes: list[tuple[bool, str]], vnodes: int
+) -> None:
+    """Members joining and leaving one by one, as ready and ejected replicas do: each ring's points
+    are derived from the last one's, and must still order members by the definition."""
+    ring_layout.clear()
+    members = set(first)
+    for join, member in changes:
+        if join:
+            members.add(member)
+        elif len(members) > 1:
+            members.discard(member)
+        ring = HashRing(members, vnodes=vnodes)
+        for key in KEYS[:25]:
+            assert list(ring.preference(key)) == reference_preference(
+                dict.fromkeys(members, 1.0), vnodes, key
+            )
