@@ -65,15 +65,22 @@ SELECT id::bigint, h.entry->>0, (h.entry->>2)::bigint
 FROM report r CROSS JOIN LATERAL jsonb_array_elements(r.held) AS h(entry)
 CROSS JOIN LATERAL jsonb_array_elements_text(h.entry->3) AS id
 """
-RECORD_PLAN = """
+RECORD_PLANS = """
 INSERT INTO warm_plans (plan_id, replica_id, node, model, epoch, state, items, budget_tokens, deadline,
                         issued_at, trigger_event_id, event)
-VALUES ($1, $2, $3, $4, $5, 'issued', $6::jsonb, $7, $8, $9, $10, $11::jsonb)
+SELECT plan_id, replica_id, node, model, epoch, 'issued', items::jsonb, budget_tokens, deadline, issued_at,
+       trigger_event_id, event::jsonb
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::bigint[],
+            $8::timestamptz[], $9::timestamptz[], $10::uuid[], $11::text[])
+     AS p(plan_id, replica_id, node, model, epoch, items, budget_tokens, deadline, issued_at,
+          trigger_event_id, event)
 ON CONFLICT (trigger_event_id, replica_id) DO NOTHING
 RETURNING plan_id
 """
 FINISHED_AT = "SELECT plan_id, finished_at FROM warm_plans WHERE plan_id = ANY($1::uuid[])"
-MARK_PUBLISHED = "UPDATE warm_plans SET published_at = $2 WHERE plan_id = $1 AND published_at IS NULL"
+MARK_PUBLISHED = """
+UPDATE warm_plans SET published_at = $2 WHERE plan_id = ANY($1::uuid[]) AND published_at IS NULL
+"""
 UNPUBLISHED = """
 SELECT event::text FROM warm_plans
 WHERE published_at IS NULL AND event IS NOT NULL AND issued_at < $1 AND deadline > $2
@@ -166,12 +173,13 @@ class PgPlanStore:
         """
         return [HeldItem(*row) for row in await self._pool.fetch(HELD, replica)]
 
-    async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool:
-        """Record `plan` as issued for `trigger_event_id`; False (and nothing written) if `plan.replica`
-        already has a plan for it."""
-        async with self._pool.acquire() as connection:
-            inserted = await connection.fetchval(
-                RECORD_PLAN,
+    async def record(self, plans: Sequence[tuple[WarmPlanIssued, uuid.UUID]]) -> set[uuid.UUID]:
+        """Record each plan as issued for its trigger event, in one statement (a scale-up of a thousand
+        replicas is one commit, not a thousand); the ids of those recorded. A plan whose replica already
+        has one for its trigger is not (nothing of it is written)."""
+        columns: list[list[object]] = [[] for _ in range(11)]
+        for plan, trigger_event_id in plans:
+            row = (
                 plan.plan_id,
                 plan.replica,
                 plan.node,
@@ -184,11 +192,15 @@ class PgPlanStore:
                 trigger_event_id,
                 _json.encode(plan).decode(),
             )
-        return inserted is not None
+            for column, value in zip(columns, row, strict=True):
+                column.append(value)
+        rows = await self._pool.fetch(RECORD_PLANS, *columns) if plans else []
+        return {row["plan_id"] for row in rows}
 
-    async def mark_published(self, plan_id: uuid.UUID, at: datetime) -> None:
-        """The broker acknowledged plan `plan_id` at `at`."""
-        await self._pool.execute(MARK_PUBLISHED, plan_id, at)
+    async def mark_published(self, plan_ids: Sequence[uuid.UUID], at: datetime) -> None:
+        """The broker acknowledged the plans `plan_ids` by `at`."""
+        if plan_ids:
+            await self._pool.execute(MARK_PUBLISHED, list(plan_ids), at)
 
     async def unpublished(self, *, issued_before: datetime, alive_at: datetime) -> list[WarmPlanIssued]:
         """Plans recorded before `issued_before` that the broker never acknowledged and whose deadline is

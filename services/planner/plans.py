@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 class PlanStore(ChoiceStore, Protocol):
     """What issuing needs of the database (`pg_plans.PgPlanStore` is the real one)."""
 
-    async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool: ...
-    async def mark_published(self, plan_id: uuid.UUID, at: datetime) -> None: ...
+    async def record(self, plans: Sequence[tuple[WarmPlanIssued, uuid.UUID]]) -> set[uuid.UUID]: ...
+    async def mark_published(self, plan_ids: Sequence[uuid.UUID], at: datetime) -> None: ...
     async def unpublished(self, *, issued_before: datetime, alive_at: datetime) -> list[WarmPlanIssued]: ...
     async def unplanned_starts(self, *, since: datetime, before: datetime) -> list[Unplanned]: ...
     async def standing(self, results: Sequence[WarmFinished]) -> list[WarmFinished]: ...
@@ -167,19 +167,21 @@ class PlanIssuer:
                 self._metrics.plan_failures.inc(len(group))
                 log.exception("could not choose plans of %s for %d replicas", model, len(group))
                 continue
+            plans: list[tuple[WarmPlanIssued, uuid.UUID]] = []
             for want in group:
                 target, choice = want.target, choices[want.target.replica]
                 if not choice.items and not target.answers_start:
                     log.info("replica %s holds its warm set: no plan for %s", target.replica, target.trigger)
                     continue
-                try:
-                    plan = self._plan(target, tenant, epoch, choice)
-                    if await self._store.record(plan, target.trigger):
-                        recorded.append(plan)
-                except Exception:  # as above
-                    self._metrics.plan_failures.inc()
-                    log.exception("could not plan replica %s (trigger %s)", target.replica, target.trigger)
-        await asyncio.gather(*(self._publish(plan) for plan in recorded))
+                plans.append((self._plan(target, tenant, epoch, choice), target.trigger))
+            try:
+                stored = await self._store.record(plans)
+            except Exception:  # as above
+                self._metrics.plan_failures.inc(len(plans))
+                log.exception("could not record the plans of %s for %d replicas", model, len(plans))
+                continue
+            recorded += [plan for plan, _ in plans if plan.plan_id in stored]
+        await self._publish(recorded)
         return recorded
 
     async def catch_up(self) -> tuple[int, int]:
@@ -193,7 +195,7 @@ class PlanIssuer:
         stale = await self._store.unpublished(issued_before=grace, alive_at=now)
         for plan in stale:
             log.warning("publishing plan %s again: the broker never acknowledged it", plan.plan_id)
-        await asyncio.gather(*(self._publish(plan) for plan in stale))
+        await self._publish(stale)
         since = now - timedelta(seconds=settings.catch_up_window_s)
         starts = await self._store.unplanned_starts(since=since, before=grace)
         for start in starts:
@@ -204,30 +206,41 @@ class PlanIssuer:
         await self.issue_all(wanted)
         return len(stale), len(starts)
 
-    async def _publish(self, plan: WarmPlanIssued) -> None:
-        """Publish a recorded plan and note that the broker took it; if it did not, log and count it (its
-        row stays unpublished, and `catch_up` publishes it again)."""
-        try:
-            await self._publisher.publish(plan)
-        except Exception:
-            self._metrics.plan_failures.inc()
-            log.exception("plan %s is recorded but not published; it will be published again", plan.plan_id)
-            return
-        try:
-            await self._store.mark_published(plan.plan_id, self._clock())
-        except Exception:  # it was published: at worst a later catch-up publishes it once more
-            log.warning("plan %s was published but could not be marked so", plan.plan_id, exc_info=True)
-        self._metrics.plans_issued.inc()
-        log.info(
-            "issued plan %s for replica %s on %s (epoch %d%s): %d items, %d tokens",
-            plan.plan_id,
-            plan.replica,
-            plan.node,
-            plan.epoch,
-            f", tenant {plan.tenant}" if plan.tenant else "",
-            len(plan.items),
-            sum(item.tokens for item in plan.items),
+    async def _publish(self, plans: Sequence[WarmPlanIssued]) -> None:
+        """Publish recorded plans, all at once, and note in one write which the broker took; one it did
+        not is logged and counted (its row stays unpublished, and `catch_up` publishes it again)."""
+        outcomes = await asyncio.gather(
+            *(self._publisher.publish(plan) for plan in plans), return_exceptions=True
         )
+        taken: list[WarmPlanIssued] = []
+        for plan, outcome in zip(plans, outcomes, strict=True):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome  # cancelled: not a publishing failure
+            if isinstance(outcome, Exception):
+                self._metrics.plan_failures.inc()
+                log.error(
+                    "plan %s is recorded but not published; it will be published again",
+                    plan.plan_id,
+                    exc_info=outcome,
+                )
+            else:
+                taken.append(plan)
+        try:
+            await self._store.mark_published([plan.plan_id for plan in taken], self._clock())
+        except Exception:  # they were published: at worst a later catch-up publishes them once more
+            log.warning("%d plans were published but could not be marked so", len(taken), exc_info=True)
+        for plan in taken:
+            self._metrics.plans_issued.inc()
+            log.info(
+                "issued plan %s for replica %s on %s (epoch %d%s): %d items, %d tokens",
+                plan.plan_id,
+                plan.replica,
+                plan.node,
+                plan.epoch,
+                f", tenant {plan.tenant}" if plan.tenant else "",
+                len(plan.items),
+                sum(item.tokens for item in plan.items),
+            )
 
     def _plan(self, target: Target, tenant: str | None, epoch: int, choice: Choice) -> WarmPlanIssued:
         now = self._clock()

@@ -178,7 +178,8 @@ async def test_issuing_is_idempotent_on_the_trigger_and_records_before_publishin
         assert published.plans == [plan]
         # Two planners racing past the existence check: the unique trigger lets one row in.
         assert (
-            await store.record(msgspec.structs.replace(plan, plan_id=uuid.uuid4()), trigger.event_id) is False
+            await store.record([(msgspec.structs.replace(plan, plan_id=uuid.uuid4()), trigger.event_id)])
+            == set()
         )
 
         unpublished = await issuer(broken).issue(started("r-2", "node-1"))
@@ -218,6 +219,28 @@ def one_item_plan(replica: str, node: str, now: datetime, trigger: uuid.UUID | N
     )
 
 
+async def test_plans_recorded_together_are_one_statement_and_skip_those_their_trigger_has(
+    migrated_database: str,
+) -> None:
+    """A scale-up of many replicas records and marks their plans in one statement each."""
+    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
+    try:
+        store = PgPlanStore(pool)
+        now = datetime.now(UTC)
+        trigger = new_event_id()
+        first = one_item_plan("r-0", "node-2", now, trigger=trigger)
+        assert await store.record([(first, trigger)]) == {first.plan_id}
+        batch = [one_item_plan(f"r-{i}", "node-2", now, trigger=trigger) for i in range(1, 4)]
+        again = one_item_plan("r-0", "node-2", now, trigger=trigger)  # r-0 already has a plan for it
+        assert await store.record([(plan, trigger) for plan in [*batch, again]]) == {p.plan_id for p in batch}
+        assert await store.record([]) == set()
+        await store.mark_published([plan.plan_id for plan in batch], now)
+        later = now + timedelta(seconds=1)
+        assert await store.unpublished(issued_before=later, alive_at=now) == [first]
+    finally:
+        await pool.close()
+
+
 async def test_the_store_finds_unpublished_plans_and_unplanned_starts(migrated_database: str) -> None:
     pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
     try:
@@ -245,12 +268,12 @@ async def test_the_store_finds_unpublished_plans_and_unplanned_starts(migrated_d
         assert await store.unplanned_starts(since=now - timedelta(minutes=5), before=start.occurred_at) == []
 
         plan = one_item_plan("r-late", "node-3", now, trigger=start.event_id)
-        assert await store.record(plan, start.event_id)
+        assert await store.record([(plan, start.event_id)]) == {plan.plan_id}
         assert await store.unplanned_starts(**window) == []  # planned now
         later = now + timedelta(seconds=1)
         assert await store.unpublished(issued_before=later, alive_at=now) == [plan]  # byte for byte
         assert await store.unpublished(issued_before=later, alive_at=plan.deadline) == []  # expired
-        await store.mark_published(plan.plan_id, later)
+        await store.mark_published([plan.plan_id], later)
         assert await store.unpublished(issued_before=later, alive_at=now) == []
     finally:
         await pool.close()
@@ -262,7 +285,7 @@ async def test_a_plans_first_outcome_stands(planner_settings: PlannerSettings) -
         now = datetime.now(UTC)
         plan = one_item_plan("r-1", "node-1", now)
         plan_id = plan.plan_id
-        assert await PgPlanStore(pool).record(plan, new_event_id())
+        assert await PgPlanStore(pool).record([(plan, new_event_id())]) == {plan_id}
 
         def finished(verified: int, failures: list[str]) -> WarmFinished:
             return WarmFinished(
@@ -310,7 +333,7 @@ async def test_the_store_knows_what_a_replica_holds_since_its_latest_start(migra
             return await record_start(pool, "r-h", at)
 
         async def verified(plan: WarmPlanIssued, trigger: uuid.UUID, state: str = "verified") -> None:
-            assert await store.record(plan, trigger)
+            assert await store.record([(plan, trigger)]) == {plan.plan_id}
             await pool.execute("UPDATE warm_plans SET state = $2 WHERE plan_id = $1", plan.plan_id, state)
 
         assert await store.held("r-h") == []  # never started

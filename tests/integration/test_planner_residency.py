@@ -179,7 +179,7 @@ async def test_a_replica_holds_its_report_on_its_latest_start_and_what_verified_
         async def verified(prefix: int, at: datetime, trigger: uuid.UUID | None = None) -> None:
             """A plan of `prefix` (acme, epoch 0) issued and verified at `at` (warmer's clock)."""
             plan = plan_of(prefix, at, trigger)
-            assert await store.record(plan, trigger or new_event_id())
+            assert await store.record([(plan, trigger or new_event_id())]) == {plan.plan_id}
             await pool.execute(
                 "UPDATE warm_plans SET state = 'verified', finished_at = $2 WHERE plan_id = $1",
                 plan.plan_id,

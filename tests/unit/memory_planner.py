@@ -68,11 +68,16 @@ class MemoryPlans:
     async def held(self, replica: str) -> list[HeldItem]:
         return self.holding.get(replica, [])
 
-    async def record(self, plan: WarmPlanIssued, trigger_event_id: uuid.UUID) -> bool:
-        return self.rows.setdefault((trigger_event_id, plan.replica), plan) is plan
+    async def record(self, plans: Sequence[tuple[WarmPlanIssued, uuid.UUID]]) -> set[uuid.UUID]:
+        return {
+            plan.plan_id
+            for plan, trigger in plans
+            if self.rows.setdefault((trigger, plan.replica), plan) is plan
+        }
 
-    async def mark_published(self, plan_id: uuid.UUID, at: datetime) -> None:
-        self.published.setdefault(plan_id, at)
+    async def mark_published(self, plan_ids: Sequence[uuid.UUID], at: datetime) -> None:
+        for plan_id in plan_ids:
+            self.published.setdefault(plan_id, at)
 
     async def unpublished(self, *, issued_before: datetime, alive_at: datetime) -> list[WarmPlanIssued]:
         return [
