@@ -8,7 +8,7 @@ For each fleet size, one model's replicas all ready (`static_membership`), the g
 does not grow with the fleet); the first build of the ring (hashing every replica's points and sorting
 them) and a rebuild after a ramp step (a new replica's weight going up a twentieth: the sorted points
 are shared, only the weights change); and one route with a request in flight on every replica (the
-bounded-load count walks the replicas with requests in flight). Pure CPU, no parts.
+bounded-load count is kept by the router as requests come and go). Pure CPU, no parts.
 """
 
 from __future__ import annotations

@@ -109,15 +109,18 @@ class HashRing:
         share = self.weights[member] / self._total_weight
         return max(1, math.ceil(self.load_factor * total_load * share))
 
-    def pick(self, key: int | bytes, loads: Mapping[str, int]) -> str:
+    def pick(self, key: int | bytes, loads: Mapping[str, int], *, total: int | None = None) -> str:
         """The member for one more unit of `key` given current `loads` (absent members count 0; members
         of other rings are not counted): the first in `preference(key)` still under its capacity. Raises
-        `LookupError` on an empty ring. Costs the members `loads` names, not the ring's."""
+        `LookupError` on an empty ring. `total`, the members' loads summed, if the caller keeps it
+        (the gateway's router does); else it is summed over the members `loads` names."""
         weights = self.weights
-        if len(loads) < len(weights):
-            total = sum(load for member, load in loads.items() if member in weights) + 1
-        else:
-            total = sum(loads.get(member, 0) for member in weights) + 1
+        if total is None:
+            if len(loads) < len(weights):
+                total = sum(load for member, load in loads.items() if member in weights)
+            else:
+                total = sum(loads.get(member, 0) for member in weights)
+        total += 1
         for member in self.preference(key):
             if loads.get(member, 0) + 1 <= self.capacity(member, total):
                 return member

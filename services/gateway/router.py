@@ -28,14 +28,16 @@ _WEIGHT_STEPS = 20
 _RING_CACHE = 64
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Current:
-    """A model's ring (None: no replica ready) as of membership `version`, good until `until`."""
+    """A model's ring (None: no replica ready) as of membership `version`, good until `until`, and the
+    requests in flight on its members (kept by `acquire` and `release`)."""
 
     version: int
     until: float
     ring: HashRing | None
     replicas: dict[str, Replica]
+    load: int
 
 
 class Router:
@@ -45,6 +47,7 @@ class Router:
         self.in_flight: dict[str, int] = {}
         self._rings: dict[tuple[tuple[str, float], ...], HashRing] = {}
         self._current: dict[str, _Current] = {}
+        self._model_of: dict[str, str] = {}
 
     def weight(self, replica: Replica, now: float) -> float:
         """`replica`'s ring weight at `now`, in (0, 1]."""
@@ -91,7 +94,10 @@ class Router:
             ring = self._rings[key] = HashRing(
                 dict(members), vnodes=self.settings.vnodes, load_factor=self.settings.load_factor
             )
-        return _Current(membership.version, until, ring, replicas)
+        for name in replicas:
+            self._model_of[name] = model
+        load = sum(self.in_flight.get(name, 0) for name in replicas)
+        return _Current(membership.version, until, ring, replicas, load)
 
     def route(self, model: str, key: int, now: float) -> list[Replica]:
         """The replicas to try for a request of `model` keyed by `key` (a chain element), best first, at
@@ -102,7 +108,7 @@ class Router:
             ring, replicas = self.ring(model, now)
         except LookupError:
             return []
-        first = ring.pick(key, self.in_flight)
+        first = ring.pick(key, self.in_flight, total=self._current[model].load)
         chosen = [replicas[first]]
         for name in ring.preference(key):
             if len(chosen) >= self.settings.attempts:
@@ -114,6 +120,7 @@ class Router:
     def acquire(self, replica: str) -> int:
         """Count one more request in flight on `replica`; its count now."""
         count = self.in_flight[replica] = self.in_flight.get(replica, 0) + 1
+        self._count_in_ring(replica, 1)
         return count
 
     def release(self, replica: str) -> int:
@@ -123,4 +130,13 @@ class Router:
             self.in_flight[replica] = count
         else:
             self.in_flight.pop(replica, None)
+        if count >= 0:
+            self._count_in_ring(replica, -1)
         return max(count, 0)
+
+    def _count_in_ring(self, replica: str, change: int) -> None:
+        """Keep the current ring's load of `replica`'s model (its members' requests in flight)."""
+        model = self._model_of.get(replica)
+        current = self._current.get(model) if model is not None else None
+        if current is not None and replica in current.replicas:
+            current.load += change

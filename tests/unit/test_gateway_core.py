@@ -7,6 +7,8 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from warmplane.services.gateway.membership import Replica, ReplicaTable, static_membership
 from warmplane.services.gateway.observations import PayloadMemory, cacheable, resident_depth, scaled_tokens
@@ -126,6 +128,43 @@ def test_a_ramping_replica_gets_fewer_keys_than_a_full_one() -> None:
     early = sum(chosen.route("tiny", key, now=1010.0)[0].name == "new" for key in range(2000))
     late = sum(chosen.route("tiny", key, now=1200.0)[0].name == "new" for key in range(2000))
     assert early < 0.25 * 2000 < late
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["acquire", "release", "eject", "ready"]), st.integers(0, 5), st.integers(1, 6)
+        ),
+        max_size=40,
+    )
+)
+def test_the_load_the_router_keeps_picks_as_summing_its_rings_loads_would(
+    steps: list[tuple[str, int, int]],
+) -> None:
+    """The router counts its ring's requests in flight as they come and go, through ejections and new
+    members, instead of summing every member's per request: the pick must not differ."""
+    table = static_membership(Replica(f"r{i}", f"http://r{i}", "tiny") for i in range(4))
+    chosen = Router(table, RoutingSettings(load_factor=1.0))
+    now = 0.0
+    for action, number, times in steps:
+        name = f"r{number}"
+        if action == "acquire":
+            for _ in range(times):
+                chosen.acquire(name)
+        elif action == "release":
+            for _ in range(times):
+                chosen.release(name)
+        elif action == "eject":
+            table.eject(name, until=now + 6)
+        else:
+            table.add_ready(Replica(name, f"http://{name}", "tiny"))
+        now += 1
+        for key in range(8):
+            routed = chosen.route("tiny", key, now)
+            if routed:
+                ring, _ = chosen.ring("tiny", now)
+                assert routed[0].name == ring.pick(key, chosen.in_flight)
 
 
 USAGE = (
