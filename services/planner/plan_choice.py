@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -41,6 +42,8 @@ LIVE_STATES = frozenset({"starting", "loading", "warming", "ready"})
 """The states of a replica that is or will be serving (`replicas.state`): the ring's members."""
 _ENVELOPE_BYTES = 4_096
 """Room a plan's fields other than its items take, with margin (names are at most 128 characters)."""
+_STATISTICS_KEPT = 16
+"""(model, tenant) statistics kept for `statistics_max_age_s`, most recently used."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,7 @@ class WarmSetChooser:
         self._bucket_seconds = bucket_seconds
         self._max_item_bytes = max_plan_bytes - _ENVELOPE_BYTES
         self._clock = clock
+        self._kept: OrderedDict[tuple[str, str | None], _Statistics] = OrderedDict()
 
     async def choose(
         self,
@@ -132,12 +136,15 @@ class WarmSetChooser:
         replicas: Sequence[str],
         *,
         holding_nothing: Collection[str] = (),
+        recent_read: bool = False,
     ) -> dict[str, Choice]:
         """Each of `replicas`' items for `model`: of `tenant`'s prefixes only if given, each at its tenant's
         current epoch (at least `epoch` for `tenant`), minus what each holds (nothing for those in
-        `holding_nothing`: a requested re-warm). Raises what the store raises."""
+        `holding_nothing`: a requested re-warm). With `recent_read`, the counts as read at most
+        `statistics_max_age_s` ago will do (replicas starting one after another); without it they are
+        read now (a re-plan is asked for because the knowledge changed). Raises what the store raises."""
         now = self._clock()
-        view = await self._read(model, tenant, epoch, now)
+        view = await self._read(model, tenant, epoch, now, recent_read=recent_read)
         asked = [replica for replica in replicas if replica not in holding_nothing]
         holdings = await asyncio.gather(*(self._store.held(replica) for replica in asked))
         resident = {
@@ -168,8 +175,31 @@ class WarmSetChooser:
             for replica, (ids, limit) in chosen.items()
         }
 
-    async def _read(self, model: str, tenant: str | None, epoch: int, now: datetime) -> _ModelView:
+    async def _read(
+        self, model: str, tenant: str | None, epoch: int, now: datetime, *, recent_read: bool
+    ) -> _ModelView:
         """What every replica's choice shares: the trie at `now`, scopes, epochs, live replicas."""
+        known = await self._statistics(model, tenant, now, recent_read=recent_read)
+        epochs = await self._store.current_epochs(model)
+        if tenant is not None:
+            epochs[tenant] = max(epochs.get(tenant, 0), epoch)
+        live = [r for r in await self._store.live_replicas(model) if r.state in LIVE_STATES]
+        return _ModelView(known.trie, known.scope_of, known.names, epochs, live, known.renderable)
+
+    async def _statistics(
+        self, model: str, tenant: str | None, now: datetime, *, recent_read: bool
+    ) -> _Statistics:
+        """The trie of `model`'s counts (of `tenant`'s scopes, if given) and what goes with it, read now,
+        or with `recent_read` read at most `statistics_max_age_s` ago: replicas planned one after
+        another, as a rolling deploy starts them, share one read (building a trie of 50,000 prefixes
+        takes about a second of the planner's writer). A kept trie is decayed to `now` when asked; only
+        counts younger than it are not in it. Every read is kept for the next."""
+        key = (model, tenant)
+        kept = self._kept.get(key)
+        max_age = timedelta(seconds=self._settings.statistics_max_age_s)
+        if recent_read and kept is not None and kept.read_at <= now < kept.read_at + max_age:
+            self._kept.move_to_end(key)
+            return kept
         since = now - timedelta(hours=self._settings.window_hours)
         stats = await self._store.statistics(model, int(since.timestamp()) // self._bucket_seconds)
         names = await self._store.scope_names(sorted({scope for scope, _ in stats.prefixes}))
@@ -188,12 +218,24 @@ class WarmSetChooser:
         )
         if left_out:
             log.warning("%d leaves of %s left out of the trie (unknown chain or bad tokens)", left_out, model)
-        epochs = await self._store.current_epochs(model)
-        if tenant is not None:
-            epochs[tenant] = max(epochs.get(tenant, 0), epoch)
-        live = [r for r in await self._store.live_replicas(model) if r.state in LIVE_STATES]
         renderable = {prefix for prefix, scope in scope_of.items() if (scope, prefix) in stats.catalogued}
-        return _ModelView(trie, scope_of, names, epochs, live, renderable)
+        read = _Statistics(now, trie, scope_of, names, renderable)
+        if max_age:
+            self._kept[key] = read
+            if len(self._kept) > _STATISTICS_KEPT:
+                self._kept.popitem(last=False)
+        return read
+
+
+@dataclass(frozen=True, slots=True)
+class _Statistics:
+    """A model's statistics as read at `read_at`: its trie and the scopes and renderable prefixes."""
+
+    read_at: datetime
+    trie: PrefixTrie
+    scope_of: dict[int, int]
+    names: dict[int, tuple[str, str]]
+    renderable: set[int]
 
 
 @dataclass(frozen=True, slots=True)

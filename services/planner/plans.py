@@ -162,6 +162,8 @@ class PlanIssuer:
                     epoch,
                     [w.target.replica for w in group],
                     holding_nothing={w.target.replica for w in group if w.target.rewarm},
+                    # Starts one after another share a recent read; a re-plan reads what changed.
+                    recent_read=all(w.target.answers_start for w in group),
                 )
             except Exception:  # a plan must not stop ingestion; later work re-plans (module doc)
                 self._metrics.plan_failures.inc(len(group))

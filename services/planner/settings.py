@@ -78,6 +78,11 @@ class PlanSettings(BaseModel):
     """How long after issuing the warmer has to carry the plan out."""
     window_hours: Hours = 24.0
     """How far back request counts are read (older buckets have decayed away; this bounds the read)."""
+    statistics_max_age_s: Annotated[float, Field(ge=0, le=300)] = 10.0
+    """Plans of starting replicas chosen within this long of one read of a model's counts share it (a
+    rolling deploy starts replica after replica; each read builds the model's trie); counts younger
+    than the read wait for the next. Re-plans (a bump, an alarm, a fleet change) always read. 0 reads
+    for every plan."""
     catch_up_interval_s: Annotated[float, Field(gt=0)] = 10.0
     """How often unpublished plans are published again and unplanned starts planned."""
     catch_up_grace_s: Annotated[float, Field(gt=0)] = 5.0

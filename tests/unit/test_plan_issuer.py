@@ -223,3 +223,68 @@ def test_a_start_whose_plan_was_never_recorded_is_planned_by_catch_up() -> None:
     assert (plan.replica, plan.node, plan.trigger_event_id) == ("r-9", "node-2", trigger)
     assert [item.prefix_id for item in plan.items] == [5]
     assert asyncio.run(issuer(store, published, metrics).catch_up()) == (0, 0)
+
+
+def started(replica: str) -> ReplicaStarted:
+    return ReplicaStarted(
+        event_id=new_event_id(), occurred_at=NOW, producer="w", model=MODEL, replica=replica, node="n"
+    )
+
+
+def owner_of(key: int, members: list[str]) -> str:
+    """The first of r0, r1, ... that the ring of `members` and it sends `key` to."""
+    return next(
+        name for name in (f"r{i}" for i in range(100)) if HashRing([*members, name]).owner(key) == name
+    )
+
+
+def test_plans_within_the_statistics_age_share_one_read_and_still_see_the_fleet_as_it_is() -> None:
+    """A rolling deploy starts replicas one after another: their plans share one read of the counts,
+    while each plan is for its replica's share of the replicas live at that plan."""
+    store = three_tenants()
+    store.payload_of[(2, 6)] = PrefixPayload(6, prompt="other tenant")
+    published, metrics = Published(), PlannerMetrics(CollectorRegistry())
+    clock = [NOW]
+    run = issuer(store, published, metrics, clock, statistics_max_age_s=10)
+    store.live = [live("a", "starting")]
+    assert asyncio.run(run.issue(started("a"))) is not None
+    clock[0] = NOW + timedelta(seconds=9)
+    store.counts.append((2, 6, BUCKET, 500))  # root 6 turns hot, after the read
+    second = owner_of(6, ["a"])  # the ring sends 6 to the second replica
+    store.live = [live("a"), live(second, "starting")]
+    plan = asyncio.run(run.issue(started(second)))
+    assert len(store.asked) == 1
+    assert plan is not None and 6 not in {item.prefix_id for item in plan.items}  # too young for the read
+    clock[0] = NOW + timedelta(seconds=10)
+    third = owner_of(6, ["a", second])
+    store.live = [live("a"), live(second), live(third, "starting")]
+    plan = asyncio.run(run.issue(started(third)))
+    assert len(store.asked) == 2  # the read aged out
+    assert plan is not None and 6 in {item.prefix_id for item in plan.items}
+
+
+def test_a_statistics_age_of_zero_reads_the_counts_for_every_plan() -> None:
+    store = three_tenants()
+    published, metrics = Published(), PlannerMetrics(CollectorRegistry())
+    run = issuer(store, published, metrics, statistics_max_age_s=0)
+    store.live = [live("a", "starting"), live("b", "starting")]
+    asyncio.run(run.issue(started("a")))
+    asyncio.run(run.issue(started("b")))
+    assert len(store.asked) == 2
+
+
+def test_a_re_plan_reads_the_counts_afresh_even_just_after_a_start() -> None:
+    """A bump, an alarm or a fleet change re-plans because what is known changed: no kept read."""
+    store = three_tenants()
+    published, metrics = Published(), PlannerMetrics(CollectorRegistry())
+    run = issuer(store, published, metrics, statistics_max_age_s=60)
+    store.live = [live("a", "starting")]
+    asyncio.run(run.issue(started("a")))
+    bump = EpochBumped(
+        event_id=new_event_id(), occurred_at=NOW, producer="api", tenant="tenant-1", model=MODEL, epoch=2
+    )
+    asyncio.run(run.replan(bump))
+    asyncio.run(run.plan_live(MODEL.name, new_event_id()))
+    assert len(store.asked) == 3
+    asyncio.run(run.issue(started("b")))  # a start may use the latest read, the re-plan's
+    assert len(store.asked) == 3
