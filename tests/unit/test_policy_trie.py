@@ -94,3 +94,39 @@ def test_a_prefix_counts_at_least_as_much_as_any_child(
     for node in trie.nodes():
         if node.parent is not None:
             assert trie.count(node.parent, now) >= trie.count(node.prefix_id, now) * (1 - 1e-9)
+
+
+@settings(max_examples=200)
+@given(
+    before=observations,
+    drawn=st.lists(
+        st.tuples(
+            chains,
+            st.none()
+            | st.lists(st.integers(-5, 600), max_size=6),  # None: the chain's own; else most refused
+            st.sampled_from([0.0, -1.0, 0.5, 1.0, 3.0]),  # weights: some refused
+        ),
+        max_size=30,
+    ),
+    now=st.floats(0, 1_500),
+)
+def test_observing_all_at_once_is_observing_each_in_turn(
+    before: list[tuple[list[int], float]], drawn: list[tuple[list[int], list[int] | None, float]], now: float
+) -> None:
+    """A trie of earlier observations (some stamped after `now`), then a batch at `now` with bad ones
+    in it: one pass gives the trie that one `observe` per chain gives, refusals included."""
+    batch = [
+        (chain, tokens_for(chain) if tokens is None else tokens, weight) for chain, tokens, weight in drawn
+    ]
+    one_by_one, at_once = PrefixTrie(half_life_s=60), PrefixTrie(half_life_s=60)
+    for chain, at in before:
+        one_by_one.observe(chain, tokens_for(chain), at)
+        at_once.observe(chain, tokens_for(chain), at)
+    refused = 0
+    for chain, tokens, weight in batch:
+        try:
+            one_by_one.observe(chain, tokens, now, weight)
+        except ValueError:
+            refused += 1
+    assert at_once.observe_all(batch, now) == refused
+    assert list(at_once.nodes()) == list(one_by_one.nodes())

@@ -79,7 +79,7 @@ def trie_from_counts(
     """
     by_id = {prefix.prefix_id: prefix for prefix in prefixes}
     counts = [count for count in counts if count.requests > 0]
-    chains = {count.leaf: _chain(by_id, count.leaf) for count in counts}  # walked once for both tries
+    chains = {leaf: _chain(by_id, leaf) for leaf in {count.leaf for count in counts}}  # once for both tries
     if frequency_half_life_s is None:
         return _decayed_trie(chains, counts, now, half_life_s)
     trie, left_out = _decayed_trie(chains, counts, now, frequency_half_life_s)
@@ -101,6 +101,7 @@ def _decayed_trie(
         decayed = count.requests * trie.decay_factor(max(0.0, now - count.at_s))
         weights[count.leaf] = weights.get(count.leaf, 0.0) + decayed
     left_out = 0
+    observations: list[tuple[list[int], list[int], float]] = []
     for leaf in sorted(weights, key=lambda leaf: (-weights[leaf], leaf)):
         weight = weights[leaf]
         if weight == 0:  # decayed below the smallest float: nothing left to count
@@ -109,10 +110,8 @@ def _decayed_trie(
         if chain is None or not math.isfinite(weight):
             left_out += 1
             continue
-        try:
-            trie.observe([p.prefix_id for p in chain], [p.tokens for p in chain], now, weight)
-        except ValueError:
-            left_out += 1
+        observations.append(([p.prefix_id for p in chain], [p.tokens for p in chain], weight))
+    left_out += trie.observe_all(observations, now)
     return trie, left_out
 
 
