@@ -130,3 +130,4 @@ def test_observing_all_at_once_is_observing_each_in_turn(
             refused += 1
     assert at_once.observe_all(batch, now) == refused
     assert list(at_once.nodes()) == list(one_by_one.nodes())
+    assert at_once.observe_all([([], [], 1.0)], now) == 0  # as observe: nothing to count, nothing wrong

@@ -130,11 +130,12 @@ class PrefixTrie:
         nodes = self._nodes
         refused = 0
         for chain, tokens, weight in observations:
+            ordered = sorted(tokens)  # positive and non-decreasing: sorted already, least above 0
             if (
                 not weight > 0
                 or len(chain) != len(tokens)
-                or any(t <= 0 for t in tokens[:1])
-                or any(b < a for a, b in itertools.pairwise(tokens))
+                or ordered != list(tokens)
+                or (ordered and ordered[0] <= 0)
             ):
                 refused += 1
                 continue

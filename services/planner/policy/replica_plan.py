@@ -11,7 +11,7 @@ through the same two functions, so what it measures is what the planner issues.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Container, Iterable, Mapping, Sequence
+from collections.abc import Collection, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from warmplane.services.planner.policy.budget import WarmBudget
@@ -101,18 +101,21 @@ def _decayed_trie(
         decayed = count.requests * trie.decay_factor(max(0.0, now - count.at_s))
         weights[count.leaf] = weights.get(count.leaf, 0.0) + decayed
     left_out = 0
-    observations: list[tuple[list[int], list[int], float]] = []
-    for leaf in sorted(weights, key=lambda leaf: (-weights[leaf], leaf)):
-        weight = weights[leaf]
-        if weight == 0:  # decayed below the smallest float: nothing left to count
-            continue
-        chain = chains[leaf]
-        if chain is None or not math.isfinite(weight):
-            left_out += 1
-            continue
-        observations.append(([p.prefix_id for p in chain], [p.tokens for p in chain], weight))
-    left_out += trie.observe_all(observations, now)
-    return trie, left_out
+
+    def observations() -> Iterator[tuple[list[int], list[int], float]]:
+        nonlocal left_out
+        for leaf in sorted(weights, key=lambda leaf: (-weights[leaf], leaf)):
+            weight = weights[leaf]
+            if weight == 0:  # decayed below the smallest float: nothing left to count
+                continue
+            chain = chains[leaf]
+            if chain is None or not math.isfinite(weight):
+                left_out += 1
+                continue
+            yield [p.prefix_id for p in chain], [p.tokens for p in chain], weight
+
+    refused = trie.observe_all(observations(), now)  # lazily: a leaf's lists are freed as it is counted
+    return trie, left_out + refused
 
 
 def _chain(by_id: Mapping[int, StoredPrefix], leaf: int) -> list[StoredPrefix] | None:
