@@ -34,7 +34,7 @@ from warmplane.services.planner.ingestor import Ingestor, Offsets, Partition
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_fleet import PgFleetStore
 from warmplane.services.planner.pg_plans import PgPlanStore
-from warmplane.services.planner.pg_retention import sweep_paths, sweep_statistics
+from warmplane.services.planner.pg_retention import sweep_history, sweep_paths, sweep_statistics
 from warmplane.services.planner.pg_store import PgIngestStore
 from warmplane.services.planner.plans import PlanIssuer
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
@@ -263,13 +263,15 @@ async def _sweep_forever(store: PgIngestStore, pool: asyncpg.Pool, settings: Pla
             stats_before = now - timedelta(hours=ingest.stats_retention_hours)
             stats = await sweep_statistics(pool, int(stats_before.timestamp()) // ingest.bucket_seconds)
             paths = await sweep_paths(pool, stats_before)
+            history = await sweep_history(pool, now - timedelta(hours=ingest.history_retention_hours))
             log.info(
-                "retention sweep removed %d ledger rows, %d catalog payloads, %d statistics rows"
-                " and %d chain paths",
+                "retention sweep removed %d ledger rows, %d catalog payloads, %d statistics rows,"
+                " %d chain paths and %d rows of replica history",
                 ledger,
                 catalog,
                 stats,
                 paths,
+                history,
             )
         except (OSError, asyncpg.PostgresError):
             log.warning("retention sweep failed; retrying next interval", exc_info=True)

@@ -10,6 +10,14 @@ statistic names one of its prefixes, and no other row hangs below one of them (m
 `first_seen` and the anchors for this). A row whose children go in one sweep goes in a later one, so a
 chain is taken down from its leaves, a level a sweep. `core/node_cache.py` argues why no planner keeps
 trusting a node whose rows went.
+
+A replica's history grows with every start of every replica, and a fleet that autoscales names new
+replicas all day: `warm_plans` (each row holds its items, payloads included, twice), `replica_transitions`,
+`replica_residency` and the `replicas` rows of replicas long gone. `sweep_history` drops what is older
+than its cut and no longer read: replicas gone or failed since before the cut, with all their rows; and
+of the others, plans and transitions of earlier incarnations. A replica's latest start and the plans
+from the one answering it on stay, whatever their age, since `PgPlanStore.held` reads what the replica
+holds from them. Deploys, bumps, scale events and cold-start alarms are a few rows a day and are kept.
 """
 
 from __future__ import annotations
@@ -35,6 +43,60 @@ DELETE FROM prefix_paths WHERE ctid = ANY(ARRAY(
             OR EXISTS (SELECT FROM miss_stats m WHERE m.scope_id = p.scope_id AND m.prefix_id = ANY(p.ids)))
     LIMIT $2))
 """
+
+
+_GONE_REPLICAS: Final = """
+DELETE FROM replicas WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM replicas WHERE state IN ('gone', 'failed') AND state_since < $1 LIMIT $2))
+"""
+# Rows of replicas no longer registered (swept above, or never registered), past the cut.
+_ORPHANS: Final = tuple(
+    f"""
+DELETE FROM {table} WHERE ctid = ANY(ARRAY(
+    SELECT x.ctid FROM {table} x
+    WHERE x.{at} < $1 AND NOT EXISTS (SELECT FROM replicas r WHERE r.replica_id = x.replica_id)
+    LIMIT $2))
+"""  # noqa: S608 - the table and column names are constants
+    for table, at in (
+        ("warm_plans", "issued_at"),
+        ("replica_transitions", "occurred_at"),
+        ("replica_residency", "occurred_at"),
+    )
+)
+_LATEST_STARTS: Final = """
+    SELECT DISTINCT ON (replica_id) replica_id, event_id FROM replica_transitions
+    WHERE state = 'starting' ORDER BY replica_id, occurred_at DESC
+"""
+# A registered replica's plans before the plan answering its latest start: an earlier incarnation's.
+_EARLIER_PLANS: Final = f"""
+WITH latest AS ({_LATEST_STARTS}),
+current AS (
+    SELECT p.replica_id, min(p.issued_at) AS since
+    FROM warm_plans p JOIN latest l ON p.replica_id = l.replica_id AND p.trigger_event_id = l.event_id
+    GROUP BY p.replica_id
+)
+DELETE FROM warm_plans WHERE ctid = ANY(ARRAY(
+    SELECT w.ctid FROM warm_plans w
+    WHERE w.issued_at < $1
+      AND NOT EXISTS (SELECT FROM current c WHERE c.replica_id = w.replica_id AND w.issued_at >= c.since)
+    LIMIT $2))
+"""  # noqa: S608 - composed of constants
+_EARLIER_TRANSITIONS: Final = f"""
+WITH latest AS ({_LATEST_STARTS})
+DELETE FROM replica_transitions WHERE ctid = ANY(ARRAY(
+    SELECT t.ctid FROM replica_transitions t
+    WHERE t.occurred_at < $1 AND t.event_id NOT IN (SELECT event_id FROM latest)
+    LIMIT $2))
+"""  # noqa: S608 - composed of constants
+
+
+async def sweep_history(pool: asyncpg.Pool, before: datetime, *, chunk: int = _CHUNK) -> int:
+    """Delete the replica history older than `before` that nothing reads any more (see the module's
+    docstring); the number of rows deleted."""
+    removed = await _delete_in_chunks(pool, _GONE_REPLICAS, before, chunk)
+    for statement in (*_ORPHANS, _EARLIER_PLANS, _EARLIER_TRANSITIONS):
+        removed += await _delete_in_chunks(pool, statement, before, chunk)
+    return removed
 
 
 async def sweep_statistics(pool: asyncpg.Pool, before_bucket: int, *, chunk: int = _CHUNK) -> int:

@@ -34,6 +34,9 @@ class IngestSettings(BaseModel):
     stats_retention_hours: Hours = 24.0 * 31
     """How long request, miss and per-replica sums are kept (by their bucket's time): at least the API's
     longest window (30 days) and the planner's `WARMPLANE_PLANS__WINDOW_HOURS`."""
+    history_retention_hours: Hours = 24.0 * 7
+    """How long gone replicas and earlier incarnations' plans and transitions are kept (`pg_retention`):
+    a replica's latest start and its current plans stay whatever their age."""
     catalog_max_payload_bytes: Positive = 64 * 1024
     sweep_interval_s: Annotated[float, Field(gt=0)] = 300.0
     node_cache_size: Annotated[int, Field(ge=2)] = 1_000_000

@@ -3,11 +3,18 @@ and nothing younger or still reached."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from warmplane.services.planner.pg_retention import STATISTICS_TABLES, sweep_paths, sweep_statistics
+from warmplane.services.planner.pg_plans import PgPlanStore
+from warmplane.services.planner.pg_retention import (
+    STATISTICS_TABLES,
+    sweep_history,
+    sweep_paths,
+    sweep_statistics,
+)
 from warmplane.services.planner.pg_store import PgIngestStore
 
 
@@ -165,5 +172,96 @@ async def test_paths_go_in_chunks_until_none_is_left_to_go(migrated_database: st
         assert await sweep_paths(pool, CUT, chunk=3) == 8  # chunks of 3, 3 and 2
         assert await leaves(pool) == {(1, 402), (1, 702)}
         await assert_nodes_hang_together(pool)
+    finally:
+        await pool.close()
+
+
+async def test_history_of_gone_replicas_and_earlier_incarnations_goes_and_what_held_reads_stays(
+    migrated_database: str,
+) -> None:
+    now = datetime.now(UTC)
+
+    def ago(days: float) -> datetime:
+        return now - timedelta(days=days)
+
+    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
+    try:
+
+        async def replica(name: str, state: str, since: datetime) -> None:
+            await pool.execute(
+                "INSERT INTO replicas (replica_id, node, model, model_revision, endpoint, state, state_since,"
+                " last_event_id) VALUES ($1, 'n', 'm', 'r1', '', $2, $3, $4)",
+                name, state, since, uuid.uuid4(),
+            )  # fmt: skip
+
+        async def transition(name: str, state: str, at: datetime) -> uuid.UUID:
+            event_id = uuid.uuid4()
+            await pool.execute(
+                "INSERT INTO replica_transitions (event_id, replica_id, state, occurred_at)"
+                " VALUES ($1, $2, $3, $4)",
+                event_id, name, state, at,
+            )  # fmt: skip
+            return event_id
+
+        async def plan(name: str, at: datetime, trigger: uuid.UUID, prefix: int) -> uuid.UUID:
+            plan_id = uuid.uuid4()
+            items = f'[{{"prefix_id": {prefix}, "tokens": 10, "tenant": "acme", "epoch": 0}}]'
+            await pool.execute(
+                "INSERT INTO warm_plans (plan_id, replica_id, node, model, epoch, state, items,"
+                " budget_tokens, deadline, issued_at, trigger_event_id, finished_at)"
+                " VALUES ($1, $2, 'n', 'm', 0, 'verified', $3::jsonb, 10, $4, $4, $5, $4)",
+                plan_id, name, items, at, trigger,
+            )  # fmt: skip
+            return plan_id
+
+        # Gone eight days ago: everything of it goes.
+        await replica("gone-old", "gone", ago(8))
+        first = await transition("gone-old", "starting", ago(10))
+        await transition("gone-old", "gone", ago(8))
+        await plan("gone-old", ago(10), first, 1)
+        await pool.execute(
+            "INSERT INTO replica_residency (replica_id, incarnation, event_id, occurred_at, held, held_count,"
+            " lost, complete) VALUES ('gone-old', $1, $2, $3, '[]', 0, 0, true)",
+            first, uuid.uuid4(), ago(9),
+        )  # fmt: skip
+        # Gone yesterday: kept for now.
+        await replica("gone-new", "gone", ago(1))
+        await plan("gone-new", ago(9), await transition("gone-new", "starting", ago(9)), 2)
+        # Ready, restarted nine days ago: its first incarnation goes; its latest start and plans stay.
+        await replica("live", "ready", ago(8))
+        earlier = await transition("live", "starting", ago(20))
+        await transition("live", "ready", ago(19))
+        latest = await transition("live", "starting", ago(9))
+        await transition("live", "ready", ago(8))
+        await plan("live", ago(20), earlier, 3)
+        answering = await plan("live", ago(9), latest, 4)
+        replan = await plan("live", ago(8.5), uuid.uuid4(), 5)
+        recent = await plan("live", ago(1), uuid.uuid4(), 6)
+        # Rows of a replica never registered: the old one goes.
+        await transition("stray", "starting", ago(8))
+        await transition("stray", "starting", ago(1))
+        held_before = sorted(item.prefix_id for item in await PgPlanStore(pool).held("live"))
+
+        # gone-old's row; its plan, 2 transitions and report, and stray's old transition; live's first
+        # plan; live's 3 transitions but its latest start. In chunks of 2: a sweep sees each through.
+        assert await sweep_history(pool, ago(7), chunk=2) == 1 + 5 + 1 + 3
+
+        assert await pool.fetchval("SELECT array_agg(replica_id ORDER BY replica_id) FROM replicas") == [
+            "gone-new",
+            "live",
+        ]
+        plans = await pool.fetch("SELECT plan_id FROM warm_plans WHERE replica_id = 'live'")
+        assert {row["plan_id"] for row in plans} == {answering, replan, recent}
+        assert await pool.fetchval("SELECT count(*) FROM warm_plans WHERE replica_id = 'gone-new'") == 1
+        kept = await pool.fetch("SELECT event_id FROM replica_transitions WHERE replica_id = 'live'")
+        assert [row["event_id"] for row in kept] == [latest]
+        assert await pool.fetchval("SELECT count(*) FROM replica_transitions WHERE replica_id = 'stray'") == 1
+        assert await pool.fetchval("SELECT count(*) FROM replica_residency") == 0
+        assert (
+            sorted(item.prefix_id for item in await PgPlanStore(pool).held("live"))
+            == held_before
+            == [4, 5, 6]
+        )
+        assert await sweep_history(pool, ago(7)) == 0
     finally:
         await pool.close()
