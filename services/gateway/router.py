@@ -94,6 +94,9 @@ class Router:
             ring = self._rings[key] = HashRing(
                 dict(members), vnodes=self.settings.vnodes, load_factor=self.settings.load_factor
             )
+        previous = self._current.get(model)
+        for name in previous.replicas.keys() - replicas.keys() if previous is not None else ():
+            self._model_of.pop(name, None)  # names come and go with autoscaling: keep only members'
         for name in replicas:
             self._model_of[name] = model
         load = sum(self.in_flight.get(name, 0) for name in replicas)
