@@ -175,7 +175,11 @@ class PlanIssuer:
                 if not choice.items and not target.answers_start:
                     log.info("replica %s holds its warm set: no plan for %s", target.replica, target.trigger)
                     continue
-                plans.append((self._plan(target, tenant, epoch, choice), target.trigger))
+                try:
+                    plans.append((self._plan(target, tenant, epoch, choice), target.trigger))
+                except Exception:  # as above
+                    self._metrics.plan_failures.inc()
+                    log.exception("could not plan replica %s (trigger %s)", target.replica, target.trigger)
             try:
                 stored = await self._store.record(plans)
             except Exception:  # as above
