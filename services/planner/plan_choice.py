@@ -195,9 +195,11 @@ class WarmSetChooser:
         takes about a second of the planner's writer). A kept trie is decayed to `now` when asked; only
         counts younger than it are not in it. Every read is kept for the next."""
         key = (model, tenant)
-        kept = self._kept.get(key)
         max_age = timedelta(seconds=self._settings.statistics_max_age_s)
-        if recent_read and kept is not None and kept.read_at <= now < kept.read_at + max_age:
+        for aged in [k for k, read in self._kept.items() if not read.read_at <= now < read.read_at + max_age]:
+            del self._kept[aged]  # a trie of a large model is big: none is held past its use
+        kept = self._kept.get(key)
+        if recent_read and kept is not None:
             self._kept.move_to_end(key)
             return kept
         since = now - timedelta(hours=self._settings.window_hours)
