@@ -22,7 +22,9 @@ _POINTS: dict[str, list[int]] = {}
 """Each member's points by index, as far as some layout needed them."""
 _POINTS_KEPT = 65_536
 _LAYOUTS: OrderedDict[tuple[tuple[str, ...], int], Layout] = OrderedDict()
-_LAYOUTS_KEPT = 4
+_LAYOUT_POINTS_KEPT = 1_000_000
+"""Layouts are kept, least recently used first out, while they hold at most this many points (about
+60 MB): a gateway's models each keep theirs, up to eight rings of a thousand replicas."""
 _DERIVE_AT_MOST = 16
 """Members added or dropped beyond which a layout is sorted afresh rather than derived."""
 
@@ -67,8 +69,9 @@ def layout(names: tuple[str, ...], vnodes: int) -> Layout:
     else:
         made = _sorted(names, vnodes)
     _LAYOUTS[key] = made
-    if len(_LAYOUTS) > _LAYOUTS_KEPT:
-        _LAYOUTS.popitem(last=False)
+    kept = sum(len(layout.points) for layout in _LAYOUTS.values())
+    while kept > _LAYOUT_POINTS_KEPT and len(_LAYOUTS) > 1:
+        kept -= len(_LAYOUTS.popitem(last=False)[1].points)
     return made
 
 
