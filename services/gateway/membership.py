@@ -124,10 +124,12 @@ class ReplicaTable:
         return sorted(chosen, key=lambda replica: replica.name)
 
     def next_change(self, model: str, now: float) -> float:
+        for name in [name for name, until in self._ejected.items() if until <= now]:
+            del self._ejected[name]  # ended: as if never ejected (names come and go with autoscaling)
         ends = [
             until
             for name, until in self._ejected.items()
-            if until > now and (entry := self._entries.get(name)) is not None and entry.replica.model == model
+            if (entry := self._entries.get(name)) is not None and entry.replica.model == model
         ]
         return min(ends, default=math.inf)
 
