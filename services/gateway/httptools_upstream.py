@@ -14,7 +14,9 @@ Contracts, beyond `upstream.Upstream`'s:
   an answer cut short, an error, a timeout or a cancelled wait.
 - A request whose kept-alive connection the replica closes without a byte of answer (`UpstreamClosed`:
   the close crossed the request on the wire) goes out once more on a new connection, and its response
-  says so (`resent`); on a new connection the same failure is final.
+  says so (`resent`); on a new connection the same failure is final. If the new connection is refused,
+  the replica may have died of the request itself: that is `UpstreamBroken`, never `UpstreamUnreachable`,
+  so the proxy does not hand the request on to another replica.
 - `connect_timeout_s` bounds opening a connection (`UpstreamUnreachable`); `read_timeout_s` bounds each
   wait for bytes, the head's and every body chunk's (`UpstreamTimeout`). More than `buffer_bytes` of
   body not yet read pauses reading from the replica until the reader catches up.
@@ -75,12 +77,17 @@ class HttpToolsUpstream:
         target = self._targets.get(url) or self._parse(url)
         request = b"".join((target.head, b"%d\r\n\r\n" % len(body), body))
         kept = self._reuse(target.key)
-        if kept is not None:
+        if kept is None:
+            return await self._exchange(await self._connect(target), request, resent=False)
+        try:
+            return await self._exchange(kept, request, resent=False)
+        except UpstreamClosed as closed:  # closed as the request went out, unanswered: sent once more
             try:
-                return await self._exchange(kept, request, resent=False)
-            except UpstreamClosed:
-                pass  # closed by the replica as the request went out, unanswered: sent once more
-        return await self._exchange(await self._connect(target), request, resent=kept is not None)
+                fresh = await self._connect(target)
+            except UpstreamUnreachable as refused:
+                # The replica may have died of this very request: never let it go on to another one.
+                raise UpstreamBroken(f"{closed}, then refused a new connection ({refused})") from refused
+        return await self._exchange(fresh, request, resent=True)
 
     async def _exchange(self, connection: Http1Connection, request: bytes, *, resent: bool) -> _Response:
         """Send `request` on `connection`; return once the answer's head arrived."""

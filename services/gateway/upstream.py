@@ -18,7 +18,9 @@ Failures are sorted by what the proxy may do next:
 - `UpstreamClosed`, the one `UpstreamBroken` the client itself may act on: a kept-alive connection the
   replica closed without a byte of answer as the request went out (its idle timeout raced the pool's,
   or it restarted). The replica answered nothing, so `HttpToolsUpstream` sends the request once more on
-  a new connection, as browsers and Go's net/http do; only a failure of that one reaches the proxy.
+  a new connection to it, as browsers do for a reused connection (Go's net/http does only for idempotent
+  requests); only a failure of that one reaches the proxy, and a refused connection then is
+  `UpstreamBroken` (the replica may have died of the request: it goes to no other).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ class RawHttpServer:
         self.exchanges: list[Exchange] = []
         self.ended: list[asyncio.Event] = []
         self.url = ""
+        self.listener: asyncio.Server | None = None
 
     @property
     def connections(self) -> int:
@@ -74,7 +75,7 @@ def content_length(head: bytes) -> int:
 @contextlib.asynccontextmanager
 async def serving(handler: Handler) -> AsyncIterator[RawHttpServer]:
     server = RawHttpServer(handler)
-    listener = await asyncio.start_server(server._serve, "127.0.0.1", 0)
+    listener = server.listener = await asyncio.start_server(server._serve, "127.0.0.1", 0)
     server.url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
     try:
         yield server

@@ -179,6 +179,29 @@ def test_a_request_is_sent_once_more_at_most(run: Run) -> None:
     run(scenario())
 
 
+def test_a_replica_that_refuses_the_resend_is_broken_not_unreachable(run: Run) -> None:
+    """It may have died of the request itself (a query of death): the proxy must not hand it on."""
+    listening: list[asyncio.Server] = []
+
+    async def die_on_the_second(exchange: Exchange) -> None:
+        if exchange.number == 1:
+            listening[0].close()  # gone: a new connection is refused
+            exchange.writer.close()
+        else:
+            await answer_numbered(exchange)
+
+    async def scenario() -> None:
+        async with serving(die_on_the_second) as server, upstream() as client:
+            assert server.listener is not None
+            listening.append(server.listener)
+            await post_and_read(client, server.url)
+            with pytest.raises(UpstreamBroken, match="then refused a new connection") as failure:
+                await client.post(server.url + "/v1/completions", BODY)
+            assert not isinstance(failure.value, UpstreamUnreachable)
+
+    run(scenario())
+
+
 @pytest.mark.parametrize(
     ("kept", "partial"),
     [(False, b""), (True, b"HTTP/1.1 200 OK\r\nContent-Le")],
