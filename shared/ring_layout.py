@@ -69,7 +69,7 @@ def layout(names: tuple[str, ...], vnodes: int) -> Layout:
     else:
         made = _sorted(names, vnodes)
     _LAYOUTS[key] = made
-    kept = sum(len(layout.points) for layout in _LAYOUTS.values())
+    kept = sum(len(each.points) for each in _LAYOUTS.values())
     while kept > _LAYOUT_POINTS_KEPT and len(_LAYOUTS) > 1:
         kept -= len(_LAYOUTS.popitem(last=False)[1].points)
     return made
