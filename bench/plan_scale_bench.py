@@ -10,7 +10,9 @@ walk, then each replica's own part), and checks that both give every replica the
 chat-shaped: `--leaves` requests over `--roots` system prompts (the routing keys at `--depth` 0), a
 template each, a conversation and a turn, times spread over the last hour. Pure CPU, no parts: prints
 each path's median seconds per fleet re-plan and the ratio, for each fleet size. The per-replica path is
-timed on at most `--sample` replicas and scaled to the fleet (it is linear in them).
+timed on at most `--sample` replicas and scaled to the fleet (it is linear in them). First, the time
+`policy.trie_from_counts` takes to build the same shape's trie from counts stored as the planner stores
+them (three minute buckets a leaf), as each read of a model's statistics does.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ import statistics
 import time
 
 from warmplane.services.planner.policy import (
+    LeafCount,
     PolicyKnobs,
     PrefixTrie,
     RingSpec,
+    StoredPrefix,
     WarmBudget,
     choose_for_replica,
     choose_for_replicas,
+    trie_from_counts,
 )
 
 NOW = 1_000_000.0
@@ -52,6 +57,42 @@ def chat_trie(leaves: int, roots: int, seed: int) -> PrefixTrie:
     return frequency
 
 
+def stored_counts(leaves: int, roots: int, seed: int) -> tuple[list[StoredPrefix], list[LeafCount]]:
+    """The same shape as the planner stores it: each prefix once, three minute buckets a leaf."""
+    rng = random.Random(seed)
+    prefixes: dict[int, StoredPrefix] = {}
+    counts = []
+    for leaf in range(leaves):
+        root = rng.randrange(roots)
+        chain = [
+            root,
+            10 * roots + root * 10 + rng.randrange(10),
+            100 * roots + leaf // 3,
+            200 * roots + leaf,
+        ]
+        turn = 512 * (leaf % 3)
+        parent = None
+        for prefix, tokens in zip(chain, [1024, 1536, 2048 + turn, 3072 + turn], strict=True):
+            prefixes.setdefault(prefix, StoredPrefix(prefix, parent, tokens))
+            parent = prefix
+        counts += [LeafCount(chain[-1], NOW - 60 * rng.randrange(60) - 30, 1) for _ in range(3)]
+    return list(prefixes.values()), counts
+
+
+def time_trie_from_counts(leaves: int, roots: int, runs: int) -> None:
+    """Print the median time `trie_from_counts` takes to build a model's trie, as each plan read does."""
+    prefixes, counts = stored_counts(leaves, roots, seed=7)
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        trie, _ = trie_from_counts(prefixes, counts, NOW, KNOBS.half_life_s, KNOBS.frequency_half_life_s)
+        times.append(time.perf_counter() - started)
+    print(
+        f"trie from stored counts: {statistics.median(times):.2f} s (median of {runs}) for {len(trie):,}"
+        f" prefixes and {len(counts):,} counts"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -66,6 +107,7 @@ def main() -> None:
     trie = chat_trie(args.leaves, args.roots, seed=7)
     ring = RingSpec(depth=args.depth)
     print(f"trie: {len(trie):,} prefixes from {args.leaves:,} requests; routing depth {args.depth}")
+    time_trie_from_counts(args.leaves, args.roots, args.runs)
     for size in args.replicas:
         members = [f"replica-{i:05d}" for i in range(size)]
         sample = members[: args.sample]

@@ -42,8 +42,8 @@ def measure(size: int, requests: int, rng: random.Random) -> tuple[float, float,
     for key in keys:
         router.route("m", key, 1_011.0)
     route = (time.perf_counter() - started) / requests
-    for name in names:
-        router.acquire(name)
+    for replica in router.ring("m", 1_011.0)[1].values():
+        router.acquire(replica)
     started = time.perf_counter()
     for key in keys[:1_000]:
         router.route("m", key, 1_011.0)

@@ -169,16 +169,16 @@ class Proxy:
             raise errors.no_ready_replica(request.model)
         body = upstream_body(request, salt, self._options.priority)
         for index, replica in enumerate(candidates):
-            self._acquire(replica.name)
+            self._acquire(replica)
             try:
                 upstream = await self._send(replica, request.kind, body)
             except UpstreamUnreachable:
-                self._release(replica.name)
+                self._release(replica)
                 self._eject(replica, "connect")
                 self._metrics.failovers.labels(replica.name).inc()
                 continue
             except BaseException:
-                self._release(replica.name)
+                self._release(replica)
                 raise
             if upstream.resent:
                 self._metrics.resends.labels(replica.name).inc()
@@ -209,7 +209,7 @@ class Proxy:
             raise errors.upstream_failed(f"its answer broke off ({exc})") from None
         finally:
             await upstream.close()
-            self._release(replica.name)
+            self._release(replica)
         status = upstream.status
 
         def settle() -> None:
@@ -232,7 +232,7 @@ class Proxy:
         request = job.request
 
         def on_end(outcome: Outcome, ttft: float | None) -> None:
-            self._release(replica.name)
+            self._release(replica)
             status = {"complete": 200, "broken": 502, "abandoned": 499}[outcome]
             self._finish(job.tenant, request.model, request.kind, status, job.started, code=outcome)
             if ttft is not None:
@@ -275,11 +275,11 @@ class Proxy:
             )
         )
 
-    def _acquire(self, replica: str) -> None:
-        self._metrics.in_flight_of(replica).set(self._router.acquire(replica))
+    def _acquire(self, replica: Replica) -> None:
+        self._metrics.in_flight_of(replica.name).set(self._router.acquire(replica))
 
-    def _release(self, replica: str) -> None:
-        self._metrics.in_flight_of(replica).set(self._router.release(replica))
+    def _release(self, replica: Replica) -> None:
+        self._metrics.in_flight_of(replica.name).set(self._router.release(replica))
 
     def _eject(self, replica: Replica, reason: str) -> None:
         self._router.membership.eject(replica.name, self._wall() + self._routing.eject_s)

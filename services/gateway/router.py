@@ -47,7 +47,6 @@ class Router:
         self.in_flight: dict[str, int] = {}
         self._rings: dict[tuple[tuple[str, float], ...], HashRing] = {}
         self._current: dict[str, _Current] = {}
-        self._model_of: dict[str, str] = {}
 
     def weight(self, replica: Replica, now: float) -> float:
         """`replica`'s ring weight at `now`, in (0, 1]."""
@@ -94,11 +93,6 @@ class Router:
             ring = self._rings[key] = HashRing(
                 dict(members), vnodes=self.settings.vnodes, load_factor=self.settings.load_factor
             )
-        previous = self._current.get(model)
-        for name in previous.replicas.keys() - replicas.keys() if previous is not None else ():
-            self._model_of.pop(name, None)  # names come and go with autoscaling: keep only members'
-        for name in replicas:
-            self._model_of[name] = model
         load = sum(self.in_flight.get(name, 0) for name in replicas)
         return _Current(membership.version, until, ring, replicas, load)
 
@@ -120,26 +114,25 @@ class Router:
                 chosen.append(replicas[name])
         return chosen
 
-    def acquire(self, replica: str) -> int:
+    def acquire(self, replica: Replica) -> int:
         """Count one more request in flight on `replica`; its count now."""
-        count = self.in_flight[replica] = self.in_flight.get(replica, 0) + 1
+        count = self.in_flight[replica.name] = self.in_flight.get(replica.name, 0) + 1
         self._count_in_ring(replica, 1)
         return count
 
-    def release(self, replica: str) -> int:
+    def release(self, replica: Replica) -> int:
         """Count one request fewer in flight on `replica` (call once per `acquire`); its count now."""
-        count = self.in_flight.get(replica, 0) - 1
+        count = self.in_flight.get(replica.name, 0) - 1
         if count > 0:
-            self.in_flight[replica] = count
+            self.in_flight[replica.name] = count
         else:
-            self.in_flight.pop(replica, None)
+            self.in_flight.pop(replica.name, None)
         if count >= 0:
             self._count_in_ring(replica, -1)
         return max(count, 0)
 
-    def _count_in_ring(self, replica: str, change: int) -> None:
+    def _count_in_ring(self, replica: Replica, change: int) -> None:
         """Keep the current ring's load of `replica`'s model (its members' requests in flight)."""
-        model = self._model_of.get(replica)
-        current = self._current.get(model) if model is not None else None
-        if current is not None and replica in current.replicas:
+        current = self._current.get(replica.model)
+        if current is not None and replica.name in current.replicas:
             current.load += change

@@ -152,7 +152,7 @@ class WarmSetChooser:
             for replica, holding in zip(asked, holdings, strict=True)
         }
         selected = choose_for_replicas(
-            view.trie,
+            view.stats.trie,
             now.timestamp(),
             capacities=_capacities(replicas, view.live),
             members=[r.replica for r in view.live],
@@ -160,15 +160,15 @@ class WarmSetChooser:
             budget=self._budget,
             knobs=self._knobs,
             resident=resident,
-            renderable=view.renderable,
+            renderable=view.stats.renderable,
             max_items=self._settings.max_items,
         )
         chosen = {
-            replica: ([b.prefix_id for b in blocks if b.prefix_id in view.renderable], limit)
+            replica: ([b.prefix_id for b in blocks if b.prefix_id in view.stats.renderable], limit)
             for replica, (blocks, limit) in selected.items()
         }
         payloads = await self._store.payloads(
-            sorted({(view.scope_of[p], p) for ids, _ in chosen.values() for p in ids})
+            sorted({(view.stats.scope_of[p], p) for ids, _ in chosen.values() for p in ids})
         )
         return {
             replica: Choice(fit_items(view.items(ids, payloads), self._max_item_bytes), limit)
@@ -184,7 +184,7 @@ class WarmSetChooser:
         if tenant is not None:
             epochs[tenant] = max(epochs.get(tenant, 0), epoch)
         live = [r for r in await self._store.live_replicas(model) if r.state in LIVE_STATES]
-        return _ModelView(known.trie, known.scope_of, known.names, epochs, live, known.renderable)
+        return _ModelView(known, epochs, live)
 
     async def _statistics(
         self, model: str, tenant: str | None, now: datetime, *, recent_read: bool
@@ -192,7 +192,7 @@ class WarmSetChooser:
         """The trie of `model`'s counts (of `tenant`'s scopes, if given) and what goes with it, read now,
         or with `recent_read` read at most `statistics_max_age_s` ago: replicas planned one after
         another, as a rolling deploy starts them, share one read (building a trie of 50,000 prefixes
-        takes about a second of the planner's writer). A kept trie is decayed to `now` when asked; only
+        takes about 0.7 s of the planner's writer). A kept trie is decayed to `now` when asked; only
         counts younger than it are not in it. Every read is kept for the next."""
         key = (model, tenant)
         max_age = timedelta(seconds=self._settings.statistics_max_age_s)
@@ -242,23 +242,22 @@ class _Statistics:
 
 @dataclass(frozen=True, slots=True)
 class _ModelView:
-    """One model's state for one round of choices."""
+    """One model's state for one round of choices: its statistics (read now or kept), its tenants' epochs
+    and its live replicas (always read now)."""
 
-    trie: PrefixTrie
-    scope_of: dict[int, int]
-    names: dict[int, tuple[str, str]]
+    stats: _Statistics
     epochs: dict[str, int]
     live: list[LiveReplica]
-    renderable: set[int]
 
     def items(self, prefixes: Sequence[int], payloads: dict[NodeKey, PrefixPayload]) -> list[WarmItem]:
         """The plan items of `prefixes`, in order; one whose payload is gone (swept) is left out."""
         items = []
+        stats = self.stats
         for prefix in prefixes:
-            scope = self.scope_of[prefix]
-            node = self.trie.node(prefix)
-            if (scope, prefix) in payloads and scope in self.names and node is not None:
-                tenant, prompt_rev = self.names[scope]
+            scope = stats.scope_of[prefix]
+            node = stats.trie.node(prefix)
+            if (scope, prefix) in payloads and scope in stats.names and node is not None:
+                tenant, prompt_rev = stats.names[scope]
                 payload = payloads[(scope, prefix)]
                 items.append(
                     WarmItem(prefix, node.tokens, payload, tenant, prompt_rev, self.epochs.get(tenant, 0))

@@ -101,12 +101,13 @@ def test_a_key_always_routes_to_its_ring_owner_first_then_the_others_in_ring_ord
 
 def test_a_loaded_owner_spills_its_keys_to_the_next_replica() -> None:
     chosen = router("a", "b", load_factor=1.25)
-    owner = chosen.route("tiny", 42, now=0)[0].name
+    first = chosen.route("tiny", 42, now=0)[0]
+    owner = first.name
     for _ in range(4):
-        chosen.acquire(owner)
+        chosen.acquire(first)
     assert chosen.route("tiny", 42, now=0)[0].name != owner
     for _ in range(4):
-        chosen.release(owner)
+        chosen.release(first)
     assert chosen.in_flight == {}
     assert chosen.route("tiny", 42, now=0)[0].name == owner
 
@@ -149,12 +150,13 @@ def test_the_load_the_router_keeps_picks_as_summing_its_rings_loads_would(
     now = 0.0
     for action, number, times in steps:
         name = f"r{number}"
+        replica = Replica(name, f"http://{name}", "tiny")
         if action == "acquire":
             for _ in range(times):
-                chosen.acquire(name)
+                chosen.acquire(replica)
         elif action == "release":
             for _ in range(times):
-                chosen.release(name)
+                chosen.release(replica)
         elif action == "eject":
             table.eject(name, until=now + 6)
         else:

@@ -33,10 +33,6 @@ class RoutingShare:
         self.weight_fraction = ring.weights[replica] / sum(ring.weights.values())
         self._owned: dict[int, bool] = {}
 
-    def routing_key(self, chain: Sequence[int]) -> int:
-        """The element of a request's `chain` (root first, non-empty) that the gateway routes it by."""
-        return chain[min(self.routing_depth, len(chain) - 1)]
-
     def owns_key(self, routing_key: int) -> bool:
         """Whether the ring sends requests keyed `routing_key` here (memoised: the ring is immutable)."""
         owned = self._owned.get(routing_key)
