@@ -3,10 +3,11 @@
 Both read the same events from the same embedded broker and decode them with the same codec; the raw
 loop stops there, the planner folds them and commits them to Postgres (fsync on) exactly once. Run:
 
-    python -m bench.ingest_bench [--events 600000] [--runs 3] [--shape fleet|mooncake]
+    python -m bench.ingest_bench [--events 600000] [--runs 3] [--shape fleet|mooncake] [--planners 1,2]
 
 Shapes: `fleet` is a multi-tenant fleet whose requests share system prompts, documents and templates
-(chains of 3 to 4 segments, Zipf-distributed, so leaves repeat); `mooncake` replays the chains of
+(chains of 3 to 4 segments, Zipf-distributed, so leaves repeat), one event in twenty a miss and one
+in a thousand a replica starting, which the planner plans at once; `mooncake` replays the chains of
 the real conversation trace in ../shared/traces (14 blocks a request, most of them unique), where
 almost every request adds new chain nodes and a new leaf row.
 
@@ -15,7 +16,9 @@ planner's, and that of Postgres and the broker meanwhile (their whole process tr
 a machine shared with other work the rates swing with its load; the CPU times say what each part
 costs, and the ratio is only meaningful within one run.
 
-`--planners N` runs N planner processes in one consumer group instead of one in-process planner;
+Each run measures the planner counts `--planners` names (default `1,2`): one planner in this process,
+and N > 1 planner processes in one consumer group sharing the topics' partitions (the design's scaling
+path), each on a fresh database; the raw loop is always one process, the bound of one consumer.
 `--profile N` prints the in-process planner's top N functions; with BENCH_DUMP_STUCK=1 a planner
 process that does not exit within 30 s of SIGTERM logs its asyncio tasks' stacks (to the file named by
 BENCH_PLANNER_LOG) before the bench fails.
@@ -79,12 +82,12 @@ def fleet_events(count: int, seed: int = 1) -> Iterator[Event]:
         common = dict(
             event_id=new_event_id(), occurred_at=at, producer="gateway-0", tenant=tenant, model=model
         )
-        if i % 20 == 19:
+        if i % 1_000 == 999:  # before the misses' test, which 999 passes too
+            yield ReplicaStarted(**{**common, "tenant": ""}, replica=f"r{i % 8}", node=f"n{i % 4}")
+        elif i % 20 == 19:
             yield PrefixMissed(
                 **common, replica=f"r{leaf % 8}", chain=chain, chain_tokens=tokens, resident_depth=1
             )
-        elif i % 1_000 == 999:
-            yield ReplicaStarted(**{**common, "tenant": ""}, replica=f"r{i % 8}", node=f"n{i % 4}")
         else:
             yield RequestObserved(
                 **common,
@@ -321,35 +324,54 @@ async def main(args: argparse.Namespace) -> None:
         # full collection and bill both loops for a heap no planner or consumer holds.
         del events
         tune_for_batches()  # as the planner's main does; the raw loop gets the same settings
-        raw, ingest = [], []
+        raw: list[float] = []
+        ingest: dict[int, list[float]] = {count: [] for count in args.planners}
         for run in range(args.runs):
             raw.append(await raw_loop(kafka, total))
-            settings = PlannerSettings(
-                kafka=kafka,
-                postgres=PostgresSettings(url=await fresh_database(postgres)),
-                ingest=IngestSettings(group_id=f"bench-{run}-{uuid.uuid4().hex[:6]}"),
-                metrics_port=0,
-            )
-            profiler = cProfile.Profile() if args.profile else None
-            if profiler:
-                profiler.enable()
-            if args.planners > 1:
-                ingest.append(await planner_processes_run(settings, args.planners, total, requests))
-            else:
-                parts = {"postgres": postgres.pid, "broker": kafka_part.pid}
-                ingest.append(await planner_run(settings, total, requests, parts))
-            if profiler:
-                profiler.disable()
-                pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
-            print(
-                f"run {run + 1}: raw {raw[-1]:>9,.0f} ev/s   planner {ingest[-1]:>9,.0f} ev/s   "
-                f"ratio {ingest[-1] / raw[-1]:.2f}"
-            )
-        raw_median, ingest_median = statistics.median(raw), statistics.median(ingest)
+            for count in args.planners:
+                settings = PlannerSettings(
+                    kafka=kafka,
+                    postgres=PostgresSettings(url=await fresh_database(postgres)),
+                    ingest=IngestSettings(group_id=f"bench-{run}-{uuid.uuid4().hex[:6]}"),
+                    metrics_port=0,
+                )
+                profiler = cProfile.Profile() if args.profile and count == 1 else None
+                if profiler:
+                    profiler.enable()
+                if count > 1:
+                    rate = await planner_processes_run(settings, count, total, requests)
+                else:
+                    parts = {"postgres": postgres.pid, "broker": kafka_part.pid}
+                    rate = await planner_run(settings, total, requests, parts)
+                if profiler:
+                    profiler.disable()
+                    pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
+                ingest[count].append(rate)
+                print(
+                    f"run {run + 1}: raw {raw[-1]:>9,.0f} ev/s   {_planners(count):<11} {rate:>9,.0f} ev/s"
+                    f"   ratio {rate / raw[-1]:.2f}"
+                )
+        raw_median = statistics.median(raw)
         print(f"\nmedian of {args.runs} ({args.shape}, {total:,} events):")
-        print(f"  raw aiokafka getmany + decode : {raw_median:>9,.0f} events/s")
-        print(f"  planner ({args.planners} process) into Postgres: {ingest_median:>9,.0f} events/s")
-        print(f"  ratio planner / raw           : {ingest_median / raw_median:>9.2f}")
+        print(f"  raw aiokafka getmany + decode (1 process): {raw_median:>9,.0f} events/s")
+        for count, rates in ingest.items():
+            median = statistics.median(rates)
+            ratios = sorted(rate / base for rate, base in zip(rates, raw, strict=True))
+            print(
+                f"  {_planners(count)} into Postgres:       {median:>9,.0f} events/s   ratio to raw:"
+                f" {median / raw_median:.2f} (runs {ratios[0]:.2f} to {ratios[-1]:.2f})"
+            )
+
+
+def _planners(count: int) -> str:
+    return "1 planner" if count == 1 else f"{count} planners"
+
+
+def _counts(text: str) -> list[int]:
+    counts = [int(part) for part in text.split(",")]
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError("planner counts are positive integers, such as 1,2")
+    return counts
 
 
 if __name__ == "__main__":
@@ -359,7 +381,13 @@ if __name__ == "__main__":
     parser.add_argument("--events", type=int, default=600_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--shape", choices=("fleet", "mooncake"), default="fleet")
-    parser.add_argument("--planners", type=int, default=1, help="run N planner processes in one group")
+    parser.add_argument(
+        "--planners",
+        type=_counts,
+        default=[1, 2],
+        help="planner counts to measure in each run, comma-separated: 1 runs in process, N > 1 runs N"
+        " processes in one consumer group (default 1,2)",
+    )
     parser.add_argument(
         "--profile", type=int, default=0, metavar="N", help="print the planner's top N functions"
     )
