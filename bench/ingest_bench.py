@@ -19,9 +19,10 @@ costs, and the ratio is only meaningful within one run.
 Each run measures the planner counts `--planners` names (default `1,2`): one planner in this process,
 and N > 1 planner processes in one consumer group sharing the topics' partitions (the design's scaling
 path), each on a fresh database; the raw loop is always one process, the bound of one consumer.
-`--profile N` prints the in-process planner's top N functions; with BENCH_DUMP_STUCK=1 a planner
-process that does not exit within 30 s of SIGTERM logs its asyncio tasks' stacks (to the file named by
-BENCH_PLANNER_LOG) before the bench fails.
+`--profile N` prints the in-process planner's top N functions. The planner processes' logs go to the
+file named by BENCH_PLANNER_LOG, or to a temporary file kept only if the run fails: a planner that exits
+by itself fails the run, which names its log. With BENCH_DUMP_STUCK=1 a planner process that does not
+exit within 30 s of SIGTERM logs its asyncio tasks' stacks there before the bench fails.
 """
 
 from __future__ import annotations
@@ -262,7 +263,11 @@ async def planner_processes_run(
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARMPLANE_")}
     env.update(settings_environment(settings))
     command = [sys.executable, "-m", "warmplane.services.planner"]
-    log = open(os.environ.get("BENCH_PLANNER_LOG", os.devnull), "ab")  # noqa: SIM115, ASYNC230
+    named = os.environ.get("BENCH_PLANNER_LOG")
+    if named:
+        log, log_path = os.open(named, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), named
+    else:
+        log, log_path = tempfile.mkstemp(prefix="ingest-bench-planners-", suffix=".log")
     children = [
         await asyncio.create_subprocess_exec(*command, env=env, stdout=subprocess.DEVNULL, stderr=log)
         for _ in range(processes)
@@ -283,25 +288,38 @@ async def planner_processes_run(
                 first = (now, counted)
             if counted >= total:
                 break
+            if exited := [child for child in children if child.returncode is not None]:
+                raise RuntimeError(
+                    f"planner process {exited[0].pid} exited by itself (code {exited[0].returncode})"
+                    f" with {counted:,} of {total:,} events counted; its log: {log_path}"
+                )
             await asyncio.sleep(0.02)
         durable = await db.fetchval("SELECT sum(requests) FROM prefix_stats")
         assert counted == total, f"the planners consumed {counted} events, expected {total}"
         assert durable == requests, f"Postgres holds {durable} requests, expected {requests}"
         assert first is not None
-        return (total - first[1]) / (now - first[0])
+        rate = (total - first[1]) / (now - first[0])
     finally:
         await db.close()
-        for child in children:
+        await _stop(children)
+        os.close(log)
+    if not named:
+        os.unlink(log_path)  # kept only when the run failed (raised above)
+    return rate
+
+
+async def _stop(children: list[asyncio.subprocess.Process]) -> None:
+    for child in children:
+        if child.returncode is None:
             child.terminate()
-        for child in children:
-            try:
-                await asyncio.wait_for(child.wait(), 30)
-            except TimeoutError:
-                if os.environ.get("BENCH_DUMP_STUCK"):
-                    child.send_signal(signal.SIGUSR1)  # the planner logs its tasks' stacks
-                    await asyncio.sleep(1)  # let it write them before the error ends the bench
-                raise
-        log.close()
+    for child in children:
+        try:
+            await asyncio.wait_for(child.wait(), 30)
+        except TimeoutError:
+            if os.environ.get("BENCH_DUMP_STUCK"):
+                child.send_signal(signal.SIGUSR1)  # the planner logs its tasks' stacks
+                await asyncio.sleep(1)  # let it write them before the error ends the bench
+            raise
 
 
 async def fresh_database(postgres: EmbeddedPostgres) -> str:
