@@ -109,26 +109,32 @@ class PgPlanStore:
         self._pool = pool
 
     async def statistics(self, model: str, since_bucket: int) -> ModelStatistics:
-        """Every prefix of `model` (all its tenants and prompt revisions), its request counts per leaf and
-        bucket from `since_bucket` on, and which prefixes the catalogue can render.
+        """Every prefix of `model`'s scopes counted from `since_bucket` on (all its tenants and prompt
+        revisions with traffic since), its request counts per leaf and bucket from then, and which
+        prefixes the catalogue can render.
 
-        Loads the model's whole trie: plans are issued per replica start or fleet change, not per request.
+        A scope without a count since (a prompt revision deployed over, a tenant gone quiet) has nothing
+        to plan from, and its chains (kept for the retention, 31 days) are not read. Loads the rest of
+        the model's trie: plans are issued per replica start or fleet change, not per request.
         """
         async with self._pool.acquire() as connection, connection.transaction(readonly=True):
             scopes = [row[0] for row in await connection.fetch(SCOPES_OF_MODEL, model)]
             if not scopes:
                 return ModelStatistics([], [], set())
-            prefixes = [
-                (scope, StoredPrefix(prefix, parent, tokens))
-                for scope, prefix, parent, tokens in await connection.fetch(NODES, scopes)
-            ]
             counts = [
                 (scope, leaf, bucket, requests)
                 for scope, leaf, bucket, requests in await connection.fetch(
                     LEAF_REQUESTS, scopes, since_bucket
                 )
             ]
-            catalogued = {(s, p) for s, p in await connection.fetch(CATALOGUED, scopes)}
+            counted = sorted({count[0] for count in counts})
+            if not counted:
+                return ModelStatistics([], [], set())
+            prefixes = [
+                (scope, StoredPrefix(prefix, parent, tokens))
+                for scope, prefix, parent, tokens in await connection.fetch(NODES, counted)
+            ]
+            catalogued = {(s, p) for s, p in await connection.fetch(CATALOGUED, counted)}
         return ModelStatistics(prefixes, counts, catalogued)
 
     async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]:

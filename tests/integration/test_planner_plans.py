@@ -23,6 +23,7 @@ from tests.integration.planner_harness import (
 )
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_plans import PgPlanStore
+from warmplane.services.planner.plan_choice import ModelStatistics
 from warmplane.services.planner.plans import PlanIssuer
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
 from warmplane.shared.codec import EventCodec
@@ -354,5 +355,60 @@ async def test_the_store_knows_what_a_replica_holds_since_its_latest_start(migra
         assert await store.held("r-h") == []
         await verified(one_item_plan("r-h", "node-1", now + timedelta(seconds=6), trigger=second), second)
         assert [(h.prefix_id, h.epoch) for h in await store.held("r-h")] == [(1, 0)]
+    finally:
+        await pool.close()
+
+
+async def test_statistics_leave_out_the_chains_of_scopes_with_no_count_in_the_window(
+    migrated_database: str,
+) -> None:
+    """A prompt revision deployed over keeps its chains for the retention; a plan reads none of them."""
+    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
+    try:
+        since = 1_000
+        scope_of = {}
+        for rev, leaf_bucket in (("old", since - 1), ("new", since)):
+            scope = scope_of[rev] = await pool.fetchval(
+                "INSERT INTO scopes (tenant, model, prompt_rev) VALUES ('acme', $1, $2) RETURNING scope_id",
+                MODEL.name,
+                rev,
+            )
+            base = 100 if rev == "old" else 200
+            await pool.execute(
+                "INSERT INTO prefix_paths (scope_id, leaf_id, anchor_id, first_depth, ids, tokens,"
+                " first_seen)"
+                " VALUES ($1, $2, NULL, 0, $3, $4, now())",
+                scope,
+                base + 1,
+                [base, base + 1],
+                [16, 32],
+            )
+            await pool.execute(
+                "INSERT INTO prefix_stats (scope_id, prefix_id, bucket, requests) VALUES ($1, $2, $3, 4)",
+                scope,
+                base + 1,
+                leaf_bucket,
+            )
+            await pool.execute(
+                "INSERT INTO prefix_catalog (scope_id, prefix_id, payload, payload_bytes, tokens, first_seen,"
+                " last_seen) VALUES ($1, $2, '{}', 2, 16, now(), now())",
+                scope,
+                base,
+            )
+        store = PgPlanStore(pool)
+
+        stats = await store.statistics(MODEL.name, since)
+        new = scope_of["new"]
+        assert sorted((scope, p.prefix_id, p.parent) for scope, p in stats.prefixes) == [
+            (new, 200, None),
+            (new, 201, 200),
+        ]
+        assert stats.counts == [(new, 201, since, 4)]
+        assert stats.catalogued == {(new, 200)}
+        # Counted a bucket earlier, the old revision's chain is read too.
+        earlier = await store.statistics(MODEL.name, since - 1)
+        assert {scope for scope, _ in earlier.prefixes} == {new, scope_of["old"]}
+        assert earlier.catalogued == {(new, 200), (scope_of["old"], 100)}
+        assert await store.statistics(MODEL.name, since + 1) == ModelStatistics([], [], set())
     finally:
         await pool.close()
