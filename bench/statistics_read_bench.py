@@ -1,0 +1,171 @@
+"""What a plan's statistics read costs as chat history accumulates. Run:
+
+    python -m bench.statistics_read_bench [--days 1 8 31] [--turns-a-day 20000] [--runs 3]
+
+A plan is chosen from `PgPlanStore.statistics`: the model's chain nodes, its request counts of the
+window (`WARMPLANE_PLANS__WINDOW_HOURS`, 24 h) and the catalogued prefixes; `trie_from_counts` then
+builds the trie (the planner does both for each read: `plan_choice.WarmSetChooser`). This fills a
+migrated database as the planner's ingestion does for chat traffic, one tenant and prompt revision:
+conversations open below a shared system prompt (their first path row anchored inside the first
+conversation's row) and each turn adds a path row of about 6 new blocks anchored at the previous turn's
+leaf, `--turns-a-day` a day for each of `--days` days of history (the retention keeps 31), a count per
+turn in its minute's bucket. For each history length it prints the median of `--runs` reads: rows
+returned, seconds in Postgres and Python, and the trie build's seconds, beside the nodes the trie
+needs (those on the chains of the leaves counted in the window): the read's excess is their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+
+from warmplane.services.planner.pg_plans import PgPlanStore
+from warmplane.services.planner.policy import LeafCount, trie_from_counts
+from warmplane.shared import migrate
+from warmplane.shared.embedded import EmbeddedPostgres
+
+MODEL = "chat-model"
+BUCKET_S = 60
+SYSTEM_BLOCKS = 4
+TURN_BLOCKS = (3, 10)
+TURNS = (1, 12)
+"""Blocks a turn adds and turns a conversation has (uniform): about 14 blocks a request on average, as in
+the Mooncake conversation trace."""
+PathRow = tuple[int, int | None, int, list[int], list[int], datetime]
+"""(leaf, anchor, first_depth, ids, tokens, first_seen), as `prefix_paths` holds it."""
+Count = tuple[int, int]
+"""(leaf, bucket): one request."""
+
+
+def chat_history(
+    days: int, turns_a_day: int, now: datetime, seed: int = 7
+) -> tuple[list[PathRow], list[Count]]:
+    """Path rows and counts of `days` days of conversations ending at `now`, turns spread evenly."""
+    rng = random.Random(seed)
+    next_id = iter(range(10, 1 << 62)).__next__
+    system = [next_id() for _ in range(SYSTEM_BLOCKS)]
+    paths: list[PathRow] = []
+    counts: list[Count] = []
+    total = days * turns_a_day
+    start = now - timedelta(days=days)
+    turn = 0
+    while turn < total:
+        anchor, depth = system[-1], SYSTEM_BLOCKS
+        for _ in range(rng.randint(*TURNS)):
+            if turn == total:
+                break
+            seen = start + timedelta(seconds=turn * days * 86_400 / total)
+            ids = [next_id() for _ in range(rng.randint(*TURN_BLOCKS))]
+            if not paths:  # the first request carries the system prompt too
+                ids, anchor, depth = system + ids, None, 0
+            tokens = [16 * (depth + i + 1) for i in range(len(ids))]
+            paths.append((ids[-1], anchor, depth, ids, tokens, seen))
+            counts.append((ids[-1], int(seen.timestamp()) // BUCKET_S))
+            anchor, depth = ids[-1], depth + len(ids)
+            turn += 1
+    return paths, counts
+
+
+async def fill(dsn: str, paths: list[PathRow], counts: list[Count]) -> None:
+    db = await asyncpg.connect(dsn)
+    try:
+        scope = await db.fetchval(
+            "INSERT INTO scopes (tenant, model, prompt_rev) VALUES ('acme', $1, 'p1') RETURNING scope_id",
+            MODEL,
+        )
+        await db.copy_records_to_table(
+            "prefix_paths",
+            records=[(scope, *row) for row in paths],
+            columns=["scope_id", "leaf_id", "anchor_id", "first_depth", "ids", "tokens", "first_seen"],
+        )
+        await db.copy_records_to_table(
+            "prefix_stats",
+            records=[(scope, leaf, bucket, 1) for leaf, bucket in counts],
+            columns=["scope_id", "prefix_id", "bucket", "requests"],
+        )
+        await db.execute("ANALYZE")
+    finally:
+        await db.close()
+
+
+def needed_nodes(paths: list[PathRow], counts: list[Count], since_bucket: int) -> int:
+    """Nodes on the chains of the leaves counted from `since_bucket` on: what the trie is built from."""
+    row_of = {row[0]: row for row in paths}
+    inside = {node: row for row in paths for node in row[3]}
+    needed: set[int] = set()
+    for leaf, bucket in counts:
+        if bucket < since_bucket:
+            continue
+        node: int | None = leaf
+        while node is not None and node not in needed:
+            row = row_of.get(node) or inside[node]
+            ids = row[3][: row[3].index(node) + 1]
+            needed.update(ids)
+            node = row[1]
+    return len(needed)
+
+
+async def measure(pool: asyncpg.Pool, since_bucket: int, now: datetime) -> dict[str, float]:
+    began = time.perf_counter()
+    stats = await PgPlanStore(pool).statistics(MODEL, since_bucket)
+    read = time.perf_counter() - began
+    began = time.perf_counter()
+    trie_from_counts(
+        [prefix for _, prefix in stats.prefixes],
+        [LeafCount(leaf, bucket * BUCKET_S + BUCKET_S / 2, n) for _, leaf, bucket, n in stats.counts],
+        now.timestamp(),
+        60.0,
+        600.0,
+    )
+    return {"read": read, "build": time.perf_counter() - began, "rows": len(stats.prefixes)}
+
+
+async def main(args: argparse.Namespace) -> None:
+    now = datetime.now(UTC)
+    since_bucket = int((now - timedelta(hours=24)).timestamp()) // BUCKET_S
+    with tempfile.TemporaryDirectory() as workdir, EmbeddedPostgres(Path(workdir) / "pg") as postgres:
+        print(
+            f"{'days':>5} {'path rows':>10} {'nodes read':>11} {'needed':>9} {'excess':>7}"
+            f" {'read s':>7} {'trie s':>7}"
+        )
+        for days in args.days:
+            paths, counts = chat_history(days, args.turns_a_day, now)
+            name = f"stats_{uuid.uuid4().hex[:8]}"
+            admin = await asyncpg.connect(postgres.asyncpg_dsn)
+            await admin.execute(f'CREATE DATABASE "{name}"')
+            await admin.close()
+            dsn = postgres.asyncpg_dsn.rsplit("/", 1)[0] + f"/{name}"
+            await asyncio.to_thread(migrate.upgrade, "postgresql+asyncpg://" + dsn.split("://", 1)[1])
+            await fill(dsn, paths, counts)
+            needed = needed_nodes(paths, counts, since_bucket)
+            pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
+            try:
+                runs = [await measure(pool, since_bucket, now) for _ in range(args.runs)]
+            finally:
+                await pool.close()
+            rows = int(runs[0]["rows"])
+            read = statistics.median(run["read"] for run in runs)
+            build = statistics.median(run["build"] for run in runs)
+            print(
+                f"{days:>5} {len(paths):>10,} {rows:>11,} {needed:>9,} {rows / needed:>6.1f}x"
+                f" {read:>7.2f} {build:>7.2f}"
+            )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--days", type=int, nargs="+", default=[1, 8, 31])
+    parser.add_argument("--turns-a-day", type=int, default=20_000)
+    parser.add_argument("--runs", type=int, default=3)
+    asyncio.run(main(parser.parse_args()))
