@@ -1,15 +1,18 @@
-"""What indexes on `prefix_paths` for its retention sweep cost ingestion's path inserts. Run:
+"""What indexes on `prefix_paths` cost ingestion's path inserts. Run:
 
     python -m bench.paths_index_bench [--prefill 300000] [--batches 300] [--rows 1000] [--runs 2]
 
-Three tables shaped as `prefix_paths` in the embedded PostgreSQL: `plain` (its primary key, as before
-migration 0012), `brin` (plus the BRIN index on `first_seen`) and `anchor` (plus the B-tree on
-(scope_id, anchor_id) as well: both indexes 0012 adds). Each is filled with `--prefill` chat-shaped
-rows (random 63-bit ids, as prefix hashes are; a dozen new ids a row; each row anchored at an earlier
-row's leaf), then batches of `--rows` such rows are inserted as `warmplane_ingest_events` inserts them
-(unnest, ORDER BY the key, ON CONFLICT DO NOTHING), to each table in rotating order, `first_seen`
-advancing with the batches. The first tenth are not timed. Prints each table's median per batch and
-per row, and the ratios to `plain`.
+Four tables shaped as `prefix_paths` in the embedded PostgreSQL: `plain` (its primary key, as before
+migration 0012), `brin` (plus the BRIN index on `first_seen`), `anchor` (plus the B-tree on
+(scope_id, anchor_id) as well: both indexes 0012 adds for the retention sweep) and `gin` (plus a GIN
+index on `ids`, which would let a plan's statistics read find the row holding a prefix at once; measured
+at four times the insert time of `anchor`, and not adopted: `services/planner/pg_chains.py`). Each is
+filled with `--prefill` chat-shaped rows (random 63-bit ids, as prefix hashes are; a dozen new ids a
+row; each row anchored at an earlier row's leaf), then batches of `--rows` such rows are inserted as
+`warmplane_ingest_events` inserts them (unnest, ORDER BY the key, ON CONFLICT DO NOTHING), to each
+table in rotating order, `first_seen` advancing with the batches. The first tenth are not timed. Prints
+each table's median and mean per batch and per row, and the ratios to `plain`: a GIN index defers its
+entries to a pending list and merges them in bursts, which only the mean counts.
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ INDEXES = {
     "anchor": (
         "CREATE INDEX ON anchor USING brin (first_seen)",
         "CREATE INDEX ON anchor (scope_id, anchor_id)",
+    ),
+    "gin": (
+        "CREATE INDEX ON gin USING brin (first_seen)",
+        "CREATE INDEX ON gin (scope_id, anchor_id)",
+        "CREATE INDEX ON gin USING gin (ids)",
     ),
 }
 INSERT = """
@@ -79,8 +87,11 @@ def _array(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
-async def one_run(dsn: str, prefill: int, batches: int, rows: int, seed: int) -> dict[str, float]:
-    """Median seconds per batch for each table, on fresh tables."""
+async def one_run(
+    dsn: str, prefill: int, batches: int, rows: int, seed: int
+) -> dict[str, tuple[float, float]]:
+    """Median and mean seconds per batch for each table, on fresh tables (a GIN index defers its
+    entries to a pending list and merges them in bursts: the mean counts the bursts)."""
     connection = await asyncpg.connect(dsn)
     try:
         started = datetime.now(UTC) - timedelta(days=40)
@@ -97,18 +108,23 @@ async def one_run(dsn: str, prefill: int, batches: int, rows: int, seed: int) ->
         names = list(INDEXES)
         for batch in range(batches):
             columns = shape.rows(rows, started + timedelta(seconds=batch))
-            for name in names[batch % 3 :] + names[: batch % 3]:
+            turn = batch % len(names)
+            for name in names[turn:] + names[:turn]:
                 began = time.perf_counter()
                 await connection.execute(INSERT.format(name=name), *columns)
                 if batch >= batches // 10:
                     took[name].append(time.perf_counter() - began)
-        medians = {name: statistics.median(values) for name, values in took.items()}
-        for name, median in medians.items():
+        figures = {
+            name: (statistics.median(values), statistics.mean(values)) for name, values in took.items()
+        }
+        plain = figures["plain"]
+        for name, (median, mean) in figures.items():
             print(
-                f"  {name:<6} {1000 * median:7.2f} ms a batch, {1e6 * median / rows:5.2f} us a row;"
-                f" / plain {median / medians['plain']:.3f}"
+                f"  {name:<6} median {1000 * median:7.2f} ms a batch, {1e6 * median / rows:5.2f} us a row,"
+                f" / plain {median / plain[0]:.3f}; mean {1e6 * mean / rows:5.2f} us a row,"
+                f" / plain {mean / plain[1]:.3f}"
             )
-        return medians
+        return figures
     finally:
         await connection.close()
 
@@ -118,17 +134,22 @@ async def main(prefill: int, batches: int, rows: int, runs: int) -> None:
         tempfile.TemporaryDirectory(prefix="warmplane-paths-index-") as folder,
         EmbeddedPostgres(Path(folder)) as postgres,
     ):
-        ratios: dict[str, list[float]] = {"brin": [], "anchor": []}
-        extra_us: list[float] = []
+        ratios: dict[str, list[float]] = {"brin": [], "anchor": [], "gin": []}
+        anchor_us: list[float] = []
+        gin_us: list[float] = []
         for run in range(runs):
             print(f"run {run + 1}:")
-            medians = await one_run(postgres.asyncpg_dsn, prefill, batches, rows, seed=run)
+            figures = await one_run(postgres.asyncpg_dsn, prefill, batches, rows, seed=run)
             for name, values in ratios.items():
-                values.append(medians[name] / medians["plain"])
-            extra_us.append(1e6 * (medians["anchor"] - medians["brin"]) / rows)
+                values.append(figures[name][1] / figures["plain"][1])
+            anchor_us.append(1e6 * (figures["anchor"][0] - figures["brin"][0]) / rows)
+            gin_us.append(1e6 * (figures["gin"][1] - figures["anchor"][1]) / rows)
         for name, values in ratios.items():
-            print(f"median ratio {name} / plain over {runs} runs: {statistics.median(values):.3f}")
-        print(f"the B-tree on anchors adds, median over runs: {statistics.median(extra_us):.2f} us a row")
+            print(
+                f"median over {runs} runs of the mean ratio {name} / plain: {statistics.median(values):.3f}"
+            )
+        print(f"the B-tree on anchors adds, median over runs: {statistics.median(anchor_us):.2f} us a row")
+        print(f"the GIN index on ids adds, mean, median over runs: {statistics.median(gin_us):.2f} us a row")
 
 
 if __name__ == "__main__":

@@ -412,3 +412,55 @@ async def test_statistics_leave_out_the_chains_of_scopes_with_no_count_in_the_wi
         assert await store.statistics(MODEL.name, since + 1) == ModelStatistics([], [], set())
     finally:
         await pool.close()
+
+
+async def test_statistics_read_the_chains_of_counted_leaves_through_rows_they_sit_inside(
+    migrated_database: str,
+) -> None:
+    """A conversation anchored inside another's row, a counted leaf inside a longer chain's row, and a
+    chain no leaf of the window reaches (left out)."""
+    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
+    try:
+        since = 5_000
+        scope = await pool.fetchval(
+            "INSERT INTO scopes (tenant, model, prompt_rev) VALUES ('acme', $1, 'p') RETURNING scope_id",
+            MODEL.name,
+        )
+        rows = [  # leaf, anchor, first depth, ids, tokens: as ingestion writes them
+            (13, None, 0, [10, 11, 12, 13], [16, 32, 48, 64]),  # system prompt 10-11, conversation A
+            (21, 11, 2, [20, 21], [48, 64]),  # conversation B, anchored inside A's row
+            (31, 21, 4, [30, 31], [80, 96]),  # B's next turn
+            (41, 13, 4, [40, 41], [80, 96]),  # A's next turn, counted before the window only
+        ]
+        for leaf, anchor, depth, ids, tokens in rows:
+            await pool.execute(
+                "INSERT INTO prefix_paths (scope_id, leaf_id, anchor_id, first_depth, ids, tokens,"
+                " first_seen) VALUES ($1, $2, $3, $4, $5, $6, now())",
+                scope,
+                leaf,
+                anchor,
+                depth,
+                ids,
+                tokens,
+            )
+        for leaf, bucket in ((31, since), (12, since + 1), (41, since - 1)):
+            await pool.execute(
+                "INSERT INTO prefix_stats (scope_id, prefix_id, bucket, requests) VALUES ($1, $2, $3, 1)",
+                scope,
+                leaf,
+                bucket,
+            )
+
+        stats = await PgPlanStore(pool).statistics(MODEL.name, since)
+        assert sorted((p.prefix_id, p.parent, p.tokens) for _, p in stats.prefixes) == [
+            (10, None, 16),
+            (11, 10, 32),
+            (12, 11, 48),
+            (20, 11, 48),
+            (21, 20, 64),
+            (30, 21, 80),
+            (31, 30, 96),
+        ]
+        assert sorted((leaf, bucket) for _, leaf, bucket, _ in stats.counts) == [(12, since + 1), (31, since)]
+    finally:
+        await pool.close()
