@@ -22,15 +22,14 @@ import random
 import statistics
 import tempfile
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
 
+from bench.ingest_bench import fresh_database
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.policy import LeafCount, trie_from_counts
-from warmplane.shared import migrate
 from warmplane.shared.embedded import EmbeddedPostgres
 
 MODEL = "chat-model"
@@ -139,12 +138,7 @@ async def main(args: argparse.Namespace) -> None:
         )
         for days in args.days:
             paths, counts = chat_history(days, args.turns_a_day, now)
-            name = f"stats_{uuid.uuid4().hex[:8]}"
-            admin = await asyncpg.connect(postgres.asyncpg_dsn)
-            await admin.execute(f'CREATE DATABASE "{name}"')
-            await admin.close()
-            dsn = postgres.asyncpg_dsn.rsplit("/", 1)[0] + f"/{name}"
-            await asyncio.to_thread(migrate.upgrade, "postgresql+asyncpg://" + dsn.split("://", 1)[1])
+            dsn = await fresh_database(postgres)
             await fill(dsn, paths, counts)
             needed = needed_nodes(paths, counts, since_bucket)
             pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)

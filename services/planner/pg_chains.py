@@ -9,7 +9,7 @@ a request. So the walk goes up from the leaves, a level of rows at a time:
   hangs below it);
 - else a row holding the prefix inside its `ids`: a conversation opening below a shared system prompt
   anchors inside the row of the first one that carried it, and a counted leaf can sit inside a longer
-  chain's row. No index answers that (a GIN index on `ids` cost path inserts 4 times their time:
+  chain's row. No index answers that (a GIN index on `ids` made path inserts four times as long:
   `python -m bench.paths_index_bench`), so such prefixes are put aside while the primary key finds the
   rest, then looked up together, in one scan of their scopes' rows a round.
 
@@ -39,6 +39,18 @@ SELECT scope_id, anchor_id, ids, tokens FROM prefix_paths
 WHERE scope_id = ANY($1::integer[]) AND ids && $2::bigint[]
 ORDER BY first_seen
 """
+ROWS_HOLDING_MANY = """
+SELECT p.scope_id, p.anchor_id, p.ids, p.tokens FROM prefix_paths p
+CROSS JOIN LATERAL unnest(p.ids) AS u(prefix_id)
+JOIN unnest($1::integer[], $2::bigint[]) AS k(scope_id, prefix_id)
+  ON k.scope_id = p.scope_id AND k.prefix_id = u.prefix_id
+WHERE p.scope_id = ANY($1::integer[])
+ORDER BY p.first_seen
+"""
+FEW = 64
+"""Up to this many prefixes are looked up with `&&`, which compares each of a row's ids with each of
+them; more are hashed once and each row's ids probed (`ROWS_HOLDING_MANY`: a row holding several comes
+once for each), a cost that a few do not repay."""
 
 
 async def chain_nodes(
@@ -56,7 +68,8 @@ async def chain_nodes(
                 _take(found, scope, (anchor, ids, tokens), len(ids)) for scope, _, anchor, ids, tokens in rows
             ]
         else:
-            rows = await connection.fetch(ROWS_HOLDING, *_columns(inside))
+            query = ROWS_HOLDING if len(inside) <= FEW else ROWS_HOLDING_MANY
+            rows = await connection.fetch(query, *_columns(inside))
             wanted, anchors = inside, []
             for scope, anchor, ids, tokens in rows:
                 for position, prefix in enumerate(ids):

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import msgspec
+import pytest
 from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client import CollectorRegistry
 
@@ -21,6 +22,7 @@ from tests.integration.planner_harness import (
     request,
     running_planner,
 )
+from warmplane.services.planner import pg_chains
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.plan_choice import ModelStatistics
@@ -462,5 +464,38 @@ async def test_statistics_read_the_chains_of_counted_leaves_through_rows_they_si
             (31, 30, 96),
         ]
         assert sorted((leaf, bucket) for _, leaf, bucket, _ in stats.counts) == [(12, since + 1), (31, since)]
+    finally:
+        await pool.close()
+
+
+async def test_statistics_find_many_prefixes_inside_rows_as_they_find_a_few(
+    migrated_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `pg_chains.FEW` prefixes to look up inside rows, the read hashes them: same chains."""
+    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
+    try:
+        scope = await pool.fetchval(
+            "INSERT INTO scopes (tenant, model, prompt_rev) VALUES ('acme', $1, 'p') RETURNING scope_id",
+            MODEL.name,
+        )
+        # One long chain written once; each of its prefixes counted alone (all inside the row but its leaf).
+        ids = list(range(100, 110))
+        await pool.execute(
+            "INSERT INTO prefix_paths (scope_id, leaf_id, anchor_id, first_depth, ids, tokens, first_seen)"
+            " VALUES ($1, 109, NULL, 0, $2, $3, now())",
+            scope,
+            ids,
+            [16 * (i + 1) for i in range(10)],
+        )
+        await pool.executemany(
+            "INSERT INTO prefix_stats (scope_id, prefix_id, bucket, requests) VALUES ($1, $2, 7, 1)",
+            [(scope, prefix) for prefix in ids[::3]],
+        )
+        store = PgPlanStore(pool)
+        few = await store.statistics(MODEL.name, 7)
+        monkeypatch.setattr(pg_chains, "FEW", 0)
+        many = await store.statistics(MODEL.name, 7)
+        assert sorted(p.prefix_id for _, p in few.prefixes) == ids
+        assert sorted(few.prefixes, key=str) == sorted(many.prefixes, key=str)
     finally:
         await pool.close()
