@@ -5,8 +5,8 @@
 Four tables shaped as `prefix_paths` in the embedded PostgreSQL: `plain` (its primary key, as before
 migration 0012), `brin` (plus the BRIN index on `first_seen`), `anchor` (plus the B-tree on
 (scope_id, anchor_id) as well: both indexes 0012 adds for the retention sweep) and `gin` (plus a GIN
-index on `ids`, which would let a plan's statistics read find the row holding a prefix at once; measured
-at four times the insert time of `anchor`, and not adopted: `services/planner/pg_chains.py`). Each is
+index on `ids`, which would let a plan's statistics read find the row holding a prefix at once: tried,
+and not adopted for its insert cost, four times that of `anchor`, architecture.md says more). Each is
 filled with `--prefill` chat-shaped rows (random 63-bit ids, as prefix hashes are; a dozen new ids a
 row; each row anchored at an earlier row's leaf), then batches of `--rows` such rows are inserted as
 `warmplane_ingest_events` inserts them (unnest, ORDER BY the key, ON CONFLICT DO NOTHING), to each

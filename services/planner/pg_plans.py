@@ -13,9 +13,9 @@ import asyncpg
 import msgspec
 
 from warmplane.services.planner.core.simple_plan import NodeKey
-from warmplane.services.planner.pg_chains import chain_nodes
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelStatistics
 from warmplane.services.planner.plans import Unplanned
+from warmplane.services.planner.policy import StoredPrefix
 from warmplane.shared.events import ModelRef, PrefixPayload, WarmFinished, WarmPlanIssued
 
 log = logging.getLogger(__name__)
@@ -24,6 +24,7 @@ _payload = msgspec.json.Decoder(PrefixPayload)
 _plan = msgspec.json.Decoder(WarmPlanIssued)
 
 SCOPES_OF_MODEL = "SELECT scope_id FROM scopes WHERE model = $1"
+NODES = "SELECT scope_id, prefix_id, parent_id, tokens FROM prefix_nodes WHERE scope_id = ANY($1::integer[])"
 LEAF_REQUESTS = """
 SELECT scope_id, prefix_id, bucket, requests FROM prefix_stats
 WHERE scope_id = ANY($1::integer[]) AND bucket >= $2 AND requests > 0
@@ -108,14 +109,13 @@ class PgPlanStore:
         self._pool = pool
 
     async def statistics(self, model: str, since_bucket: int) -> ModelStatistics:
-        """The chains of `model`'s leaves counted from `since_bucket` on (all its tenants and prompt
-        revisions), the request counts per leaf and bucket from then, and which prefixes the catalogue
-        can render.
+        """Every prefix of `model`'s scopes counted from `since_bucket` on (all its tenants and prompt
+        revisions with traffic since), its request counts per leaf and bucket from then, and which
+        prefixes the catalogue can render.
 
-        Only the chains of the leaves counted since are read (`pg_chains.chain_nodes`), not every chain
-        the retention keeps (31 days): a scope without a count since (a prompt revision deployed over, a
-        tenant gone quiet) reads none. Plans are issued per replica start or fleet change, not per
-        request.
+        A scope without a count since (a prompt revision deployed over, a tenant gone quiet) has nothing
+        to plan from, and its chains (kept for the retention, 31 days) are not read. Loads the rest of
+        the model's trie: plans are issued per replica start or fleet change, not per request.
         """
         async with self._pool.acquire() as connection, connection.transaction(readonly=True):
             scopes = [row[0] for row in await connection.fetch(SCOPES_OF_MODEL, model)]
@@ -130,7 +130,10 @@ class PgPlanStore:
             counted = sorted({count[0] for count in counts})
             if not counted:
                 return ModelStatistics([], [], set())
-            prefixes = await chain_nodes(connection, {(count[0], count[1]) for count in counts})
+            prefixes = [
+                (scope, StoredPrefix(prefix, parent, tokens))
+                for scope, prefix, parent, tokens in await connection.fetch(NODES, counted)
+            ]
             catalogued = {(s, p) for s, p in await connection.fetch(CATALOGUED, counted)}
         return ModelStatistics(prefixes, counts, catalogued)
 

@@ -9,7 +9,6 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import msgspec
-import pytest
 from aiokafka.partitioner import DefaultPartitioner
 from prometheus_client import CollectorRegistry
 
@@ -22,7 +21,6 @@ from tests.integration.planner_harness import (
     request,
     running_planner,
 )
-from warmplane.services.planner import pg_chains
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.plan_choice import ModelStatistics
@@ -412,90 +410,5 @@ async def test_statistics_leave_out_the_chains_of_scopes_with_no_count_in_the_wi
         assert {scope for scope, _ in earlier.prefixes} == {new, scope_of["old"]}
         assert earlier.catalogued == {(new, 200), (scope_of["old"], 100)}
         assert await store.statistics(MODEL.name, since + 1) == ModelStatistics([], [], set())
-    finally:
-        await pool.close()
-
-
-async def test_statistics_read_the_chains_of_counted_leaves_through_rows_they_sit_inside(
-    migrated_database: str,
-) -> None:
-    """A conversation anchored inside another's row, a counted leaf inside a longer chain's row, and a
-    chain no leaf of the window reaches (left out)."""
-    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
-    try:
-        since = 5_000
-        scope = await pool.fetchval(
-            "INSERT INTO scopes (tenant, model, prompt_rev) VALUES ('acme', $1, 'p') RETURNING scope_id",
-            MODEL.name,
-        )
-        rows = [  # leaf, anchor, first depth, ids, tokens: as ingestion writes them
-            (13, None, 0, [10, 11, 12, 13], [16, 32, 48, 64]),  # system prompt 10-11, conversation A
-            (21, 11, 2, [20, 21], [48, 64]),  # conversation B, anchored inside A's row
-            (31, 21, 4, [30, 31], [80, 96]),  # B's next turn
-            (41, 13, 4, [40, 41], [80, 96]),  # A's next turn, counted before the window only
-        ]
-        for leaf, anchor, depth, ids, tokens in rows:
-            await pool.execute(
-                "INSERT INTO prefix_paths (scope_id, leaf_id, anchor_id, first_depth, ids, tokens,"
-                " first_seen) VALUES ($1, $2, $3, $4, $5, $6, now())",
-                scope,
-                leaf,
-                anchor,
-                depth,
-                ids,
-                tokens,
-            )
-        for leaf, bucket in ((31, since), (12, since + 1), (41, since - 1)):
-            await pool.execute(
-                "INSERT INTO prefix_stats (scope_id, prefix_id, bucket, requests) VALUES ($1, $2, $3, 1)",
-                scope,
-                leaf,
-                bucket,
-            )
-
-        stats = await PgPlanStore(pool).statistics(MODEL.name, since)
-        assert sorted((p.prefix_id, p.parent, p.tokens) for _, p in stats.prefixes) == [
-            (10, None, 16),
-            (11, 10, 32),
-            (12, 11, 48),
-            (20, 11, 48),
-            (21, 20, 64),
-            (30, 21, 80),
-            (31, 30, 96),
-        ]
-        assert sorted((leaf, bucket) for _, leaf, bucket, _ in stats.counts) == [(12, since + 1), (31, since)]
-    finally:
-        await pool.close()
-
-
-async def test_statistics_find_many_prefixes_inside_rows_as_they_find_a_few(
-    migrated_database: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Past `pg_chains.FEW` prefixes to look up inside rows, the read hashes them: same chains."""
-    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
-    try:
-        scope = await pool.fetchval(
-            "INSERT INTO scopes (tenant, model, prompt_rev) VALUES ('acme', $1, 'p') RETURNING scope_id",
-            MODEL.name,
-        )
-        # One long chain written once; each of its prefixes counted alone (all inside the row but its leaf).
-        ids = list(range(100, 110))
-        await pool.execute(
-            "INSERT INTO prefix_paths (scope_id, leaf_id, anchor_id, first_depth, ids, tokens, first_seen)"
-            " VALUES ($1, 109, NULL, 0, $2, $3, now())",
-            scope,
-            ids,
-            [16 * (i + 1) for i in range(10)],
-        )
-        await pool.executemany(
-            "INSERT INTO prefix_stats (scope_id, prefix_id, bucket, requests) VALUES ($1, $2, 7, 1)",
-            [(scope, prefix) for prefix in ids[::3]],
-        )
-        store = PgPlanStore(pool)
-        few = await store.statistics(MODEL.name, 7)
-        monkeypatch.setattr(pg_chains, "FEW", 0)
-        many = await store.statistics(MODEL.name, 7)
-        assert sorted(p.prefix_id for _, p in few.prefixes) == ids
-        assert sorted(few.prefixes, key=str) == sorted(many.prefixes, key=str)
     finally:
         await pool.close()
