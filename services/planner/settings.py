@@ -23,8 +23,8 @@ class IngestSettings(BaseModel):
     batch_max_records: Positive = 30_000
     """Events a batch holds at most: one transaction each. Under load, fewer and larger transactions
     leave more of the planner's CPU to decoding (bench/ingest_bench.py: 30,000 with two queued against
-    10,000 with four, about 8% more events/s in one process, 15% in two); at a quiet time a batch holds
-    what one fetch brings."""
+    10,000 with four, about 8% more events/s in one process, and 4 to 15% in two in two sets of runs);
+    at a quiet time a batch holds what one fetch brings."""
     batch_timeout_ms: Positive = 100
     fetch_max_wait_ms: Positive = 50
     """How long the broker may hold a fetch with nothing to return: bounds how late a lifecycle event is
