@@ -119,8 +119,6 @@ class PgPlanStore:
         """
         async with self._pool.acquire() as connection, connection.transaction(readonly=True):
             scopes = [row[0] for row in await connection.fetch(SCOPES_OF_MODEL, model)]
-            if not scopes:
-                return ModelStatistics([], [], set())
             counts = [
                 (scope, leaf, bucket, requests)
                 for scope, leaf, bucket, requests in await connection.fetch(
@@ -128,7 +126,7 @@ class PgPlanStore:
                 )
             ]
             counted = sorted({count[0] for count in counts})
-            if not counted:
+            if not counted:  # no scope, or none with traffic since
                 return ModelStatistics([], [], set())
             prefixes = [
                 (scope, StoredPrefix(prefix, parent, tokens))
