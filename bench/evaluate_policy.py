@@ -1,8 +1,7 @@
 """Warm-set policies on recorded traces: how much a replica joining mid-trace gains from each. Run from the
 project root:
 
-    python -m bench.evaluate_policy --trace ../shared/traces/conversation_trace.jsonl \
-        [--trace ../shared/traces/synthetic_trace.jsonl] [--block-tokens 512] [--replicas 4] \
+    python -m bench.evaluate_policy [--trace FILE ...] [--block-tokens 512] [--replicas 4] \
         [--capacity-blocks 8000] [--join-at 0.5] [--routing-depth auto] \
         [--output bench/results/policy_eval.md]
 
@@ -37,6 +36,7 @@ from warmplane.services.planner.trace_eval.fleet_sim import load_requests
 from warmplane.services.planner.trace_eval.params import EvalParams
 from warmplane.services.planner.trace_eval.report import NOTES, render
 from warmplane.shared.mooncake_trace import TRACE_BLOCK_TOKENS
+from warmplane.shared.traces import shipped_traces
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -45,7 +45,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--trace", type=Path, action="append", required=True, help="Mooncake JSONL (repeatable)"
+        "--trace",
+        type=Path,
+        action="append",
+        help="Mooncake JSONL (repeatable; default: the two traces shipped in warmplane.shared.traces)",
     )
     parser.add_argument(
         "--block-tokens", type=int, default=defaults.block_tokens, help="tokens per hash id (the traces: 512)"
@@ -138,7 +141,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:
         print(f"bench.evaluate_policy: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    report = "\n".join(section(path, params, args.trace_block_tokens) for path in args.trace)
+    traces = args.trace or shipped_traces()
+    report = "\n".join(section(path, params, args.trace_block_tokens) for path in traces)
     print(report)
     if args.output is not None:
         command = shlex.join(["python", "-m", "bench.evaluate_policy", *argv])

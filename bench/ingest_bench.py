@@ -8,7 +8,7 @@ loop stops there, the planner folds them and commits them to Postgres (fsync on)
 Shapes: `fleet` is a multi-tenant fleet whose requests share system prompts, documents and templates
 (chains of 3 to 4 segments, Zipf-distributed, so leaves repeat), one event in twenty a miss and one
 in a thousand a replica starting, which the planner plans at once; `mooncake` replays the chains of
-the real conversation trace in ../shared/traces (14 blocks a request, most of them unique), where
+the real conversation trace the project ships (14 blocks a request, most of them unique), where
 almost every request adds new chain nodes and a new leaf row.
 
 Each run prints both rates and their ratio, and CPU time an event: the raw loop's, the in-process
@@ -61,8 +61,9 @@ from warmplane.shared.events import Event, ModelRef, PrefixMissed, ReplicaStarte
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.settings import KafkaSettings, PostgresSettings, settings_environment
 from warmplane.shared.topics import Topics, partition_key
+from warmplane.shared.traces import CONVERSATION, trace_path
 
-TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "conversation_trace.jsonl"
+TRACE = trace_path(CONVERSATION)
 MODELS = (ModelRef("llama-3-8b", "r1"), ModelRef("qwen-2-7b", "r4"))
 
 

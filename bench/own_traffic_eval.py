@@ -2,8 +2,7 @@
 request events into an embedded broker (`warmplane replay`), then exported back and evaluated from the
 topic (`warmplane evaluate-traffic`), both as processes. Run from the project root:
 
-    python -m bench.own_traffic_eval --trace ../shared/traces/conversation_trace.jsonl \
-        [--trace ../shared/traces/synthetic_trace.jsonl] [--limit N] [--block-tokens 512] \
+    python -m bench.own_traffic_eval [--trace FILE ...] [--limit N] [--block-tokens 512] \
         [--partial-blocks keep] [--output bench/results/own_traffic_eval.md]
 
 At 512-token blocks with partial blocks kept, the export is the trace itself (the replay cuts chains
@@ -31,6 +30,7 @@ from warmplane.services.planner.trace_eval.params import EvalParams
 from warmplane.services.planner.trace_eval.report import policy_table
 from warmplane.shared.embedded import EmbeddedKafka
 from warmplane.shared.mooncake_trace import read_trace
+from warmplane.shared.traces import shipped_traces
 
 WARMPLANE = str(Path(sys.executable).with_name("warmplane"))
 TIMEOUT_S = 1800
@@ -107,7 +107,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--trace", type=Path, action="append", required=True, help="Mooncake JSONL")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        action="append",
+        help="Mooncake JSONL (repeatable; default: the two traces shipped in warmplane.shared.traces)",
+    )
     parser.add_argument("--limit", type=int, default=None, help="only the first N requests of each trace")
     parser.add_argument("--block-tokens", type=int, default=512)
     parser.add_argument("--partial-blocks", choices=("drop", "keep"), default="keep")
@@ -115,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as workdir, EmbeddedKafka(Path(workdir) / "kafka") as kafka:
-        sections = [round_trip(kafka, trace, args) for trace in args.trace]
+        sections = [round_trip(kafka, trace, args) for trace in args.trace or shipped_traces()]
     text = "\n".join(
         [
             "# What warming would buy, from Warmplane's own events: the recorded traces, round trip",

@@ -52,8 +52,9 @@ from warmplane.shared.events import ModelRef, PrefixPayload
 from warmplane.shared.mooncake_trace import TraceRequest, chain_prompt, read_trace, request_event
 from warmplane.shared.settings import EmitterSettings, KafkaSettings, PostgresSettings
 from warmplane.shared.topics import Topics
+from warmplane.shared.traces import CONVERSATION, trace_path
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "conversation_trace.jsonl"
+DEFAULT_TRACE = trace_path(CONVERSATION)
 MODEL = ModelRef("trace-model", "rev-1")
 TENANT = "demo"
 REPLICAS = 4

@@ -4,12 +4,12 @@ The main job and the test harness use these instead of external services. Each p
 manager that owns its process group; nothing registers ``atexit`` hooks, the owner stops what it starts.
 """
 
-from .kafka_broker import EmbeddedKafka
-from .part import EmbeddedPart
-from .postgres_server import EmbeddedPostgres
-from .processes import StartupError
-from .redis_server import EmbeddedRedis
-from .stack import EmbeddedStack
+from warmplane.shared.embedded.kafka_broker import EmbeddedKafka
+from warmplane.shared.embedded.part import EmbeddedPart
+from warmplane.shared.embedded.postgres_server import EmbeddedPostgres
+from warmplane.shared.embedded.processes import StartupError
+from warmplane.shared.embedded.redis_server import EmbeddedRedis
+from warmplane.shared.embedded.stack import EmbeddedStack
 
 __all__ = [
     "EmbeddedKafka",

@@ -18,8 +18,8 @@ from typing import ClassVar
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from .part import EmbeddedPart
-from .processes import start_process, wait_for_port, wait_until
+from warmplane.shared.embedded.part import EmbeddedPart
+from warmplane.shared.embedded.processes import start_process, wait_for_port, wait_until
 
 #: Upper bound for one readiness round trip; the overall wait is bounded by the start deadline.
 _PROBE_TIMEOUT_S = 2.0

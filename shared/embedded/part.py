@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
 
-from .processes import free_port, kill_process_group, stop_process_group
+from warmplane.shared.embedded.processes import free_port, kill_process_group, stop_process_group
 
 
 class EmbeddedPart(ABC):

