@@ -155,6 +155,7 @@ class Warmer:
             plan_wait_s=readiness.plan_wait_s,
             on_deadline=readiness.on_deadline,
             min_verified_fraction=readiness.min_verified_fraction,
+            warm=readiness.warm,
         )
         driver = ReplicaDriver(
             node=self.node,

@@ -84,6 +84,10 @@ class ReadinessSettings(BaseModel):
     """At a plan's deadline with items unverified: serve anyway (a partial warm) or keep waiting."""
     min_verified_fraction: Annotated[float, Field(ge=0, le=1)] = 1.0
     """The share of a plan's items that must verify for ready before its deadline."""
+    warm: bool = True
+    """False turns warming off on this node: a replica is ready as soon as its engine answers, and its
+    plans are refused (reported as such). For a node that must never wait, and for measuring what
+    warming buys (`bench.scaleup`'s cold arm); lifecycle, health and residency are reported as usual."""
 
 
 class WarmerSettings(WarmplaneSettings):

@@ -587,3 +587,24 @@ def test_no_sequence_of_facts_breaks_the_contracts(data: st.DataObject) -> None:
         assert replica.ready or not replica.partial
         if replica.phase is Phase.FAILED:
             assert (replica.ready, replica.held) == (False, set())
+
+
+def test_with_warming_off_a_replica_is_ready_once_its_engine_answers_and_refuses_plans() -> None:
+    policy = policy_from(
+        concurrency=8,
+        ready_concurrency=1,
+        crash_after_failures=3,
+        plan_wait_s=60.0,
+        on_deadline="ready_partial",
+        min_verified_fraction=1.0,
+        warm=False,
+    )
+    replica = ReplicaTracker("replica-0", policy, counting_ids())
+    replica.start()
+
+    assert phases(replica.health(True, NOW)) == [Phase.LOADING, Phase.READY]
+    assert (replica.ready, replica.partial) == (True, False)
+    assert replica.reason == "warming is off: serving cold"
+    decision = replica.offer(plan(1, [item(1)]), NOW)
+    assert not decision.accepted and "warming is off" in decision.reason
+    assert replica.next_run() is None

@@ -102,6 +102,8 @@ class Policy:
     plan_wait: timedelta
     ready_on_deadline: bool
     min_verified_fraction: float
+    warm: bool = True
+    """False: the replica turns ready as soon as its engine answers, and plans are refused."""
 
 
 def _verified(outcome: Outcome) -> str:
@@ -171,10 +173,7 @@ class ReplicaTracker:
             self._failures = 0
             if self.phase is Phase.FAILED:
                 return [*self.start("engine answers again"), *self.health(True, now)]
-            if self.phase is Phase.STARTING:
-                self._loaded_at = now
-                return [self._to(Phase.LOADING, "weights loaded: /health answers", ready=False)]
-            return []
+            return self._loaded(now) if self.phase is Phase.STARTING else []
         if self.phase in (Phase.STARTING, Phase.FAILED):
             return []
         self._failures += 1
@@ -186,22 +185,21 @@ class ReplicaTracker:
         reason = f"engine stopped answering: {self._failures} health checks failed"
         return [self._to(Phase.FAILED, reason, ready=False)]
 
+    def _loaded(self, now: datetime) -> list[Transition]:
+        self._loaded_at = now
+        loading = self._to(Phase.LOADING, "weights loaded: /health answers", ready=False)
+        if not self.policy.warm:
+            return [loading, self._to(Phase.READY, "warming is off: serving cold", ready=True)]
+        return [loading]
+
     def offer(self, plan: WarmPlanIssued, now: datetime) -> Decision:
         """Accept `plan` for this replica, or say why not. Accepting only queues it (`next_run`).
 
         Epochs are per (tenant, model): items of an epoch older than one already accepted for their
         tenant and model are left out; a plan left with none of its items is refused.
         """
-        if plan.plan_id in self._seen_set:
-            return Decision(False, "duplicate: this plan was already received")
-        self._remember(plan.plan_id)
-        if plan.deadline <= now:
-            return Decision(False, f"expired: its deadline {plan.deadline.isoformat()} has passed")
-        trigger = plan.trigger_event_id
-        if trigger is not None and trigger != self.incarnation:
-            return Decision(False, "issued for an earlier start of this replica")
-        if self.phase is Phase.FAILED:
-            return Decision(False, "the engine is not answering; its next start gets a new plan")
+        if (refusal := self._refusal(plan, now)) is not None:
+            return Decision(False, refusal)
         model = plan.model.name
         fresh = [
             i for i in plan.items if i.epoch_in(plan.epoch) >= self._epoch_floor.get((i.tenant, model), 0)
@@ -219,6 +217,22 @@ class ReplicaTracker:
         self._pending.append(msgspec.structs.replace(plan, items=fresh) if stale else plan)
         self._planned = True
         return Decision(True, f"accepted; {stale} items of an older epoch left out" if stale else "accepted")
+
+    def _refusal(self, plan: WarmPlanIssued, now: datetime) -> str | None:
+        """Why `plan` is refused before its items are looked at, if it is."""
+        if not self.policy.warm:
+            return "warming is off on this warmer (readiness.warm is false)"
+        if plan.plan_id in self._seen_set:
+            return "duplicate: this plan was already received"
+        self._remember(plan.plan_id)
+        if plan.deadline <= now:
+            return f"expired: its deadline {plan.deadline.isoformat()} has passed"
+        trigger = plan.trigger_event_id
+        if trigger is not None and trigger != self.incarnation:
+            return "issued for an earlier start of this replica"
+        if self.phase is Phase.FAILED:
+            return "the engine is not answering; its next start gets a new plan"
+        return None
 
     def next_run(self, fill_limit_tokens: int | None = None) -> RunOrder | None:
         """The next accepted plan to run, once the engine answers and nothing else runs for it.
@@ -318,6 +332,7 @@ def policy_from(
     plan_wait_s: float,
     on_deadline: Literal["ready_partial", "stay_unready"],
     min_verified_fraction: float,
+    warm: bool = True,
 ) -> Policy:
     return Policy(
         concurrency=concurrency,
@@ -326,6 +341,7 @@ def policy_from(
         plan_wait=timedelta(seconds=plan_wait_s),
         ready_on_deadline=on_deadline == "ready_partial",
         min_verified_fraction=min_verified_fraction,
+        warm=warm,
     )
 
 
