@@ -7,10 +7,13 @@
   whose epoch was not bumped for these revisions (`core.deploy_epochs`), raises the epoch, publishes
   `epoch.bumped` to the lifecycle topic (gateways move their salts; this planner's own copy plans
   nothing more) and plans the new epoch at once.
-- `fleet.scaled`: plans the ready replicas again, since their ring shares changed (a scale-down hands
-  them the leaving replicas' keys); what they hold is subtracted, so one that gains nothing gets no
-  plan. New replicas are planned by their own `replica.started`, which their warmer announces before the
-  engine loads and holds `/ready` on, so they are warm before they take traffic.
+- `fleet.scaled` down: plans the ready replicas again, since the leaving replicas' keys move to them;
+  what they hold is subtracted. Scaled up, it plans nothing: on the ring a ready replica only loses keys
+  to the newcomers, and it is at its busiest (the scale-up is why), so a top-up there would only slow
+  live traffic (`bench.scaleup` showed it: the established replica re-warmed what it had served, at
+  the moment it was saturated). New replicas are planned by their own `replica.started`, which their
+  warmer announces before the engine loads and holds `/ready` on, so they are warm before they take
+  traffic.
 - `replica.rewarm_requested` (the API's re-warm action): plans that replica in full, as if it held
   nothing, flagged `rewarm` so its warmer warms even what it believes it holds.
 - `warm.finished`: the plan outcomes that stood (the first for each plan) are counted
@@ -153,13 +156,16 @@ class FleetReactor:
         elif isinstance(change, DeployStarted | DeployFinished):
             await self._deploy(change)
         elif isinstance(change, FleetScaled):
+            grew = change.to_replicas > change.from_replicas
             log.info(
-                "%s scaled from %d to %d replicas: planning its ready replicas again",
+                "%s scaled from %d to %d replicas: %s",
                 change.model.name,
                 change.from_replicas,
                 change.to_replicas,
+                "its new replicas are planned as they start" if grew else "planning its ready replicas again",
             )
-            await self._issuer.plan_live(change.model.name, change.event_id, states=READY)
+            if not grew:
+                await self._issuer.plan_live(change.model.name, change.event_id, states=READY)
         elif isinstance(change, ReplicaRewarmRequested):
             plans = await self._issuer.rewarm(change.model.name, change.replica, change.event_id)
             log.info(

@@ -184,7 +184,7 @@ def test_a_bump_the_broker_did_not_take_is_published_by_catch_up() -> None:
     assert asyncio.run(reactor.catch_up(5.0)) == 0
 
 
-def test_scaling_plans_ready_replicas_for_what_they_lack_only() -> None:
+def test_scaling_down_plans_ready_replicas_for_what_they_lack_only_and_scaling_up_plans_none() -> None:
     store, _fleet, published, _metrics, reactor = fleet()
     store.live.append(LiveReplica("s", "node-s", "w1", "starting", None))
     scaled = FleetScaled(
@@ -192,14 +192,16 @@ def test_scaling_plans_ready_replicas_for_what_they_lack_only() -> None:
     )
     store.holding = {"r": [HeldItem(5, "tenant-1", 0)]}
     asyncio.run(reactor.after_commit(IngestBatch(fleet_changes=[scaled])))
-    # The starting replica waits for its start's plan; the ready one gets what the ring over both sends
-    # it, less what it holds.
-    owned = {prefix for prefix in (5, 6) if HashRing(["r", "s"]).owner(prefix) == "r"} - {5}
-    assert [(p.replica, [i.prefix_id for i in p.items]) for p in published.plans] == (
-        [("r", sorted(owned))] if owned else []
-    )
-    published.plans.clear()
+    # The starting replica waits for its start's plan; the ready one only loses keys to it: no plan,
+    # though the planner does not know that r holds 6.
+    assert published.plans == []
     store.live.pop()  # the starting replica went away: r's share is everything again
+    down = FleetScaled(
+        event_id=new_event_id(), occurred_at=NOW, producer="k8s", model=MODEL, from_replicas=2, to_replicas=1
+    )
+    asyncio.run(reactor.after_commit(IngestBatch(fleet_changes=[down])))
+    assert [(p.replica, [i.prefix_id for i in p.items]) for p in published.plans] == [("r", [6])]
+    published.plans.clear()
     store.holding = {"r": [HeldItem(5, "tenant-1", 0), HeldItem(6, "tenant-2", 0)]}
     again = FleetScaled(
         event_id=new_event_id(), occurred_at=NOW, producer="k8s", model=MODEL, from_replicas=3, to_replicas=2
