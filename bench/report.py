@@ -11,9 +11,9 @@ says so, and the command exits 1 once the rest have run. The file is rewritten a
 interrupted run keeps what it finished. `--only` runs some benches and replaces only their sections,
 keeping the others as they were (the data is kept beside the file, `RESULTS.json`).
 
-The parameters below are sized so that a full run takes about 50 minutes on a 2-core machine; the
-minutes column is what each took in the run that wrote `bench/RESULTS.md`, or an estimate from smaller
-runs where it says so (`--list` prints the table).
+The parameters below (the benches' documented defaults, spelled out) are sized so that a full run takes
+45 to 60 minutes on a 2-core machine; each bench's minutes are what it took in a report run
+(`measured`) or an estimate from smaller runs (`estimated`); `--list` prints the table.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Bench:
     name: str
     module: str
     minutes: float
-    """What it takes at these parameters on a 2-core machine (see the module docstring)."""
+    """What it takes at these parameters on a 2-core machine (measured or estimated: the table says)."""
     timeout_minutes: float
     parameters: str
     """Its command-line arguments, as a shell would split them."""
@@ -67,43 +67,43 @@ class Bench:
 
 BENCHES = (
     # name, module, minutes, timeout minutes; parameters; title
-    Bench("ingest", "bench.ingest_bench", 6, 25,
+    Bench("ingest", "bench.ingest_bench", 6, 25,  # estimated: 15 s for 20,000 events, 1 run
           "--events 600000 --runs 3 --shape fleet --planners 1,2",
           "Planner ingestion into Postgres vs the raw consumer loop"),
-    Bench("emitter", "bench.emitter_bench", 3, 15,
+    Bench("emitter", "bench.emitter_bench", 2.7, 15,  # measured
           "--runs 5 --events 1000000 --calls 200000",
           "The event emitter vs raw aiokafka send_batch"),
-    Bench("warm", "bench.warm_bench", 8, 25,
+    Bench("warm", "bench.warm_bench", 8, 25,  # estimated: 3.3 min at 1 run of 8 items, 5 starts
           "--runs 3 --items 48 --item-tokens 1024 --starts 100 --replicas 100",
           "Warm speed vs peak prefill; replica start to plan latency"),
-    Bench("gateway", "bench.gateway_bench", 4, 20,
+    Bench("gateway", "bench.gateway_bench", 4, 20,  # estimated: 2 min at 20 requests, 2 s
           f"--requests 300 --concurrency 8 --seconds 8 --router {ROUTER}",
           "Gateway added latency vs the engine and vllm-router"),
-    Bench("result_cache", "bench.result_cache_bench", 4, 20,
+    Bench("result_cache", "bench.result_cache_bench", 4, 20,  # estimated: 1 min at 10 requests
           "--requests 200 --max-tokens 16",
           "Result-cache hits vs the engine"),
-    Bench("epoch", "bench.epoch_bench", 1.5, 10,
+    Bench("epoch", "bench.epoch_bench", 0.5, 10,  # measured
           "--bumps 20 --warmers 4 --gateways 4 --conversations 32",
           "Epoch propagation to every warmer and gateway"),
-    Bench("plan_scale", "bench.plan_scale_bench", 2, 10,
+    Bench("plan_scale", "bench.plan_scale_bench", 0.2, 10,  # measured
           "--replicas 10 100 1000 --leaves 30000 --runs 3",
           "A fleet re-plan: one pass vs one call per replica"),
-    Bench("route_scale", "bench.route_scale_bench", 0.2, 5,
+    Bench("route_scale", "bench.route_scale_bench", 0.1, 5,  # measured
           "--replicas 4 100 1000 --requests 20000 --runs 3",
           "Gateway routing and ring builds, 4 to 1,000 replicas"),
-    Bench("stats_index", "bench.stats_index_bench", 1.5, 10,
+    Bench("stats_index", "bench.stats_index_bench", 0.5, 10,  # measured
           "--batches 400 --runs 2",
           "The statistics' BRIN index vs none"),
-    Bench("paths_index", "bench.paths_index_bench", 4, 20,
+    Bench("paths_index", "bench.paths_index_bench", 4, 20,  # estimated: 7 s at 20,000 rows, 40 batches
           "--prefill 300000 --batches 300 --runs 2",
           "The chain paths' sweep indexes vs none"),
-    Bench("statistics_read", "bench.statistics_read_bench", 5, 20,
+    Bench("statistics_read", "bench.statistics_read_bench", 5, 20,  # estimated: 33 s for days 1 and 8, 1 run
           "--days 1 8 31 --turns-a-day 20000 --runs 3",
           "A plan's statistics read as chat history accumulates"),
-    Bench("evaluate_policy", "bench.evaluate_policy", 0.2, 5,
+    Bench("evaluate_policy", "bench.evaluate_policy", 0.1, 5,  # measured
           "",
           "Warm-set policies on the shipped traces"),
-    Bench("scaleup", "bench.scaleup", 10, 20,
+    Bench("scaleup", "bench.scaleup", 10, 20,  # estimated: its author's to say
           "",
           "Scale-up"),
 )  # fmt: skip
