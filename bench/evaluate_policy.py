@@ -25,16 +25,16 @@ saved / spent. `steady` is the unwarmed newcomer's hit ratio from 5 minutes afte
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from warmplane.services.planner.trace_eval.evaluation import evaluate
+from bench.summary import SummaryRecorder, Table, add_summary_option, parameters_of
+from warmplane.services.planner.trace_eval.evaluation import TraceResult, evaluate
 from warmplane.services.planner.trace_eval.fleet_sim import load_requests
 from warmplane.services.planner.trace_eval.params import EvalParams
-from warmplane.services.planner.trace_eval.report import NOTES, render
+from warmplane.services.planner.trace_eval.report import NOTES, policy_table, render, setting, targets
 from warmplane.shared.mooncake_trace import TRACE_BLOCK_TOKENS
 from warmplane.shared.traces import shipped_traces
 
@@ -106,6 +106,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="warmplane: statistics bucket, s (the planner's)",
     )
     parser.add_argument("--output", type=Path, help="write the command, parameters and tables here")
+    add_summary_option(parser)
     return parser.parse_args(argv)
 
 
@@ -127,10 +128,29 @@ def params_from(args: argparse.Namespace) -> EvalParams:
     )
 
 
-def section(path: Path, params: EvalParams, trace_block_tokens: int) -> str:
+def simulate(path: Path, params: EvalParams, trace_block_tokens: int) -> tuple[TraceResult, float]:
+    """The trace's result and the seconds its simulation took."""
     started = time.perf_counter()
     result = evaluate(path.name, load_requests(path, params.block_tokens, trace_block_tokens), params)
-    return render(result, time.perf_counter() - started)
+    return result, time.perf_counter() - started
+
+
+def summarise(recorder: SummaryRecorder, results: Sequence[tuple[TraceResult, float]]) -> None:
+    """Each trace's policy table and targets as the summary's tables and notes; the planner's own policy's
+    first-minute hit ratio and yield as its figures (a simulation, without a baseline measured beside it:
+    the table compares the policies on the same requests)."""
+    for result, seconds in results:
+        ours = result.by_policy("warmplane")
+        recorder.figure(f"{result.name}: warmplane's first-minute hit ratio", ours.hit_1m, "hit ratio")
+        recorder.figure(f"{result.name}: warmplane's yield (saved / spent)", ours.yield_, "tokens/token")
+        caption = f"{result.name}: {setting(result)}; simulated in {seconds:.1f} s."
+        recorder.tables.append(Table(caption=caption, markdown="\n".join(policy_table(result))))
+        recorder.notes += [f"{result.name}: {line}" for line in targets(result)]
+    recorder.note(
+        "A deterministic simulation, run once: no baseline is measured beside its figures, and no ratio is"
+        " given beyond what the bench prints (the policies side by side in each table, and the targets)."
+    )
+    recorder.note(NOTES)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -142,10 +162,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"bench.evaluate_policy: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     traces = args.trace or shipped_traces()
-    report = "\n".join(section(path, params, args.trace_block_tokens) for path in traces)
+    recorder = SummaryRecorder(
+        bench="evaluate_policy",
+        title="Warm-set policies on recorded traces: what a replica joining mid-trace gains from each",
+        module="bench.evaluate_policy",
+        argv=argv,
+        parameters={
+            **{name: value for name, value in parameters_of(args).items() if name != "output"},
+            "trace": [str(path.name) for path in traces],
+        },
+        runs=1,
+    )
+    results = [simulate(path, params, args.trace_block_tokens) for path in traces]
+    report = "\n".join(render(result, seconds) for result, seconds in results)
     print(report)
+    summarise(recorder, results)
+    recorder.write(args.summary_json)
     if args.output is not None:
-        command = shlex.join(["python", "-m", "bench.evaluate_policy", *argv])
+        command = recorder.command
         parameters = params.describe()
         if args.trace_block_tokens != TRACE_BLOCK_TOKENS:
             parameters += f", trace_block_tokens={args.trace_block_tokens}"

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.shared.embedded import EmbeddedKafka
 from warmplane.shared.embedded.processes import free_port, start_process, stop_process_group, wait_until
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm, ensure_tiny_model
@@ -157,19 +158,30 @@ async def throughput(url: str, model: str, concurrency: int, seconds: float) -> 
         return done / (time.perf_counter() - started)
 
 
-def report(title: str, samples: dict[str, list[float]]) -> None:
+def report(title: str, samples: dict[str, list[float]], recorder: SummaryRecorder) -> None:
     direct = statistics.median(samples["engine"])
     print(f"\n{title} (ms, {len(samples['engine'])} requests each)")
     print(f"{'target':<12}{'p50':>9}{'p90':>9}{'added p50':>12}")
+    rows = []
     for name, values in samples.items():
         p50 = statistics.median(values)
         p90 = statistics.quantiles(values, n=10)[-1]
         print(f"{name:<12}{p50:>9.2f}{p90:>9.2f}{p50 - direct:>12.2f}")
+        rows.append([name, f"{p50:.2f}", f"{p90:.2f}", f"{p50 - direct:.2f}"])
+    recorder.table(
+        f"{title}: ms, {len(samples['engine'])} requests each.", ["target", "p50", "p90", "added p50"], rows
+    )
     theirs = statistics.median(samples["vllm-router"]) - direct if "vllm-router" in samples else 0.0
     for name in ("gateway", "gateway-base"):
-        if name in samples and theirs > 0:
-            ours = statistics.median(samples[name]) - direct
+        if name not in samples:
+            continue
+        ours = statistics.median(samples[name]) - direct
+        recorder.figure(
+            f"{title}: {name} p50", statistics.median(samples[name]), "ms", ("engine direct p50", direct)
+        )
+        if theirs > 0:
             print(f"{name} added / vllm-router added: {ours / theirs:.2f}")
+            recorder.figure(f"{title}: {name} added p50", ours, "ms", ("vllm-router added p50", theirs))
 
 
 def _arguments() -> argparse.Namespace:
@@ -183,6 +195,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument(
         "--engine-timeout", type=float, default=300.0, help="seconds vLLM may take to start (a busy machine)"
     )
+    add_summary_option(parser)
     parser.add_argument(
         "--base-python",
         help="also run the gateway with this interpreter as `gateway-base` (the Python of a virtualenv "
@@ -211,6 +224,14 @@ def _targets(
 
 def main() -> None:
     args = _arguments()
+    recorder = SummaryRecorder(
+        bench="gateway",
+        title="The gateway's added latency and throughput, against the engine direct and vllm-router",
+        module="bench.gateway_bench",
+        argv=sys.argv[1:],
+        parameters=parameters_of(args),
+        runs=1,
+    )
     with tempfile.TemporaryDirectory(prefix="warmplane-gateway-bench-") as folder, ExitStack() as stack:
         workdir = Path(folder)
         engine = stack.enter_context(
@@ -219,14 +240,30 @@ def main() -> None:
             )
         )
         targets = _targets(stack, workdir, engine, args)
-        report(
-            "Non-streamed, whole answer", latencies(targets, engine.model_name, args.requests, stream=False)
-        )
-        report("Streamed, first byte", latencies(targets, engine.model_name, args.requests, stream=True))
+        whole = latencies(targets, engine.model_name, args.requests, stream=False)
+        report("Non-streamed, whole answer", whole, recorder)
+        first = latencies(targets, engine.model_name, args.requests, stream=True)
+        report("Streamed, first byte", first, recorder)
         print(f"\nThroughput, {args.concurrency} in flight for {args.seconds:.0f} s (requests/s)")
+        rates = {}
         for name, url in targets.items():
-            rate = asyncio.run(throughput(url, engine.model_name, args.concurrency, args.seconds))
-            print(f"{name:<12}{rate:>9.1f}")
+            rates[name] = asyncio.run(throughput(url, engine.model_name, args.concurrency, args.seconds))
+            print(f"{name:<12}{rates[name]:>9.1f}")
+    recorder.figure(
+        "throughput through the gateway", rates["gateway"], "requests/s", ("engine direct", rates["engine"])
+    )
+    recorder.table(
+        f"Throughput, {args.concurrency} in flight for {args.seconds:g} s.",
+        ["target", "requests/s"],
+        [[name, f"{rate:.1f}"] for name, rate in rates.items()],
+    )
+    recorder.note(
+        "Latency figures are medians of one run's requests (each target's, interleaved); added p50 is a"
+        " target's p50 minus the engine's. Every process shares the machine's cores, for every target alike."
+    )
+    if "vllm-router" not in targets:
+        recorder.note("vllm-router was not found: no comparison with it in this run.")
+    recorder.write(args.summary_json)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
+from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.services.planner.app import build_planner
 from warmplane.services.planner.gc_tuning import tune_for_batches
 from warmplane.services.planner.settings import IngestSettings, PlannerSettings
@@ -333,7 +334,7 @@ async def fresh_database(postgres: EmbeddedPostgres) -> str:
     return dsn
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
     with tempfile.TemporaryDirectory() as workdir, contextlib.ExitStack() as stack:
         kafka_part = stack.enter_context(EmbeddedKafka(Path(workdir) / "kafka"))
         postgres = stack.enter_context(EmbeddedPostgres(Path(workdir) / "pg"))
@@ -390,6 +391,23 @@ async def main(args: argparse.Namespace) -> None:
                 f"  {_planners(count)} into Postgres:       {median:>9,.0f} events/s   ratio to raw:"
                 f" {median / raw_median:.2f} (runs {ratios[0]:.2f} to {ratios[-1]:.2f})"
             )
+            baseline = ("raw aiokafka getmany + decode, 1 process", raw_median)
+            recorder.figure(f"{_planners(count)} into Postgres", median, "events/s", baseline)
+            recorder.note(
+                f"{_planners(count)}: the runs' own ratios went from {ratios[0]:.2f} to {ratios[-1]:.2f}."
+            )
+        recorder.table(
+            f"Each run's rates ({args.shape}, {total:,} events), events/s.",
+            ["run", "raw loop", *(_planners(count) for count in ingest)],
+            [
+                [run + 1, f"{raw[run]:,.0f}", *(f"{rates[run]:,.0f}" for rates in ingest.values())]
+                for run in range(args.runs)
+            ],
+        )
+        recorder.note(
+            "Each run prints CPU time an event for the raw loop, the planner, Postgres and the broker (in the"
+            " bench's own output): on a shared machine the rates swing with its load, the ratio less."
+        )
 
 
 def _planners(count: int) -> str:
@@ -420,4 +438,15 @@ if __name__ == "__main__":
     parser.add_argument(
         "--profile", type=int, default=0, metavar="N", help="print the planner's top N functions"
     )
-    asyncio.run(main(parser.parse_args()))
+    add_summary_option(parser)
+    args = parser.parse_args()
+    recorder = SummaryRecorder(
+        bench="ingest",
+        title="Planner ingestion into durable Postgres aggregates, against the raw consume-and-decode loop",
+        module="bench.ingest_bench",
+        argv=sys.argv[1:],
+        parameters=parameters_of(args),
+        runs=args.runs,
+    )
+    asyncio.run(main(args, recorder))
+    recorder.write(args.summary_json)

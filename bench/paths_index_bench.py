@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Iterable
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import asyncpg
 
+from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.shared.embedded import EmbeddedPostgres
 
 TABLE = """
@@ -129,7 +131,7 @@ async def one_run(
         await connection.close()
 
 
-async def main(prefill: int, batches: int, rows: int, runs: int) -> None:
+async def main(prefill: int, batches: int, rows: int, runs: int, recorder: SummaryRecorder) -> None:
     with (
         tempfile.TemporaryDirectory(prefix="warmplane-paths-index-") as folder,
         EmbeddedPostgres(Path(folder)) as postgres,
@@ -137,9 +139,11 @@ async def main(prefill: int, batches: int, rows: int, runs: int) -> None:
         ratios: dict[str, list[float]] = {"brin": [], "anchor": [], "gin": []}
         anchor_us: list[float] = []
         gin_us: list[float] = []
+        per_run: list[dict[str, tuple[float, float]]] = []
         for run in range(runs):
             print(f"run {run + 1}:")
             figures = await one_run(postgres.asyncpg_dsn, prefill, batches, rows, seed=run)
+            per_run.append(figures)
             for name, values in ratios.items():
                 values.append(figures[name][1] / figures["plain"][1])
             anchor_us.append(1e6 * (figures["anchor"][0] - figures["brin"][0]) / rows)
@@ -150,6 +154,43 @@ async def main(prefill: int, batches: int, rows: int, runs: int) -> None:
             )
         print(f"the B-tree on anchors adds, median over runs: {statistics.median(anchor_us):.2f} us a row")
         print(f"the GIN index on ids adds, mean, median over runs: {statistics.median(gin_us):.2f} us a row")
+    _summarise(recorder, per_run, ratios, rows)
+    recorder.figure("the B-tree on anchors adds (median a batch)", statistics.median(anchor_us), "us a row")
+    recorder.figure("the GIN index on ids adds (mean a batch)", statistics.median(gin_us), "us a row")
+
+
+def _summarise(
+    recorder: SummaryRecorder,
+    per_run: list[dict[str, tuple[float, float]]],
+    ratios: dict[str, list[float]],
+    rows: int,
+) -> None:
+    """The bench's figures as its summary: each index's mean insert cost a row against `plain`'s."""
+    plain = statistics.median(1e6 * figures["plain"][1] / rows for figures in per_run)
+    for name, values in ratios.items():
+        mean = statistics.median(1e6 * figures[name][1] / rows for figures in per_run)
+        recorder.figure(
+            f"insert into `{name}`, mean a row",
+            mean,
+            "us",
+            ("`plain` (primary key only)", plain),
+            statistics.median(values),
+        )
+    recorder.note(
+        "Ratios are the median over runs of each run's mean / plain's mean (the mean counts a GIN index's"
+        " merges of its pending list). Tables: plain = the primary key; brin = plus the BRIN index on"
+        " first_seen; anchor = plus the B-tree on (scope_id, anchor_id), both of migration 0012; gin = plus"
+        " a GIN index on ids (tried, not adopted)."
+    )
+    recorder.table(
+        "Each run's median and mean microseconds a row inserted, by table.",
+        ["run", "table", "median us a row", "mean us a row"],
+        [
+            [run + 1, name, f"{1e6 * median / rows:.2f}", f"{1e6 * mean / rows:.2f}"]
+            for run, figures in enumerate(per_run)
+            for name, (median, mean) in figures.items()
+        ],
+    )
 
 
 if __name__ == "__main__":
@@ -160,5 +201,15 @@ if __name__ == "__main__":
     parser.add_argument("--batches", type=int, default=300)
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=2)
+    add_summary_option(parser)
     args = parser.parse_args()
-    asyncio.run(main(args.prefill, args.batches, args.rows, args.runs))
+    recorder = SummaryRecorder(
+        bench="paths_index",
+        title="Ingestion's path inserts into prefix_paths with the retention sweep's indexes, against none",
+        module="bench.paths_index_bench",
+        argv=sys.argv[1:],
+        parameters=parameters_of(args),
+        runs=args.runs,
+    )
+    asyncio.run(main(args.prefill, args.batches, args.rows, args.runs, recorder))
+    recorder.write(args.summary_json)

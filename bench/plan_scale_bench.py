@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
 
+from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.services.planner.policy import (
     LeafCount,
     PolicyKnobs,
@@ -79,8 +81,9 @@ def stored_counts(leaves: int, roots: int, seed: int) -> tuple[list[StoredPrefix
     return list(prefixes.values()), counts
 
 
-def time_trie_from_counts(leaves: int, roots: int, runs: int) -> None:
-    """Print the median time `trie_from_counts` takes to build a model's trie, as each plan read does."""
+def time_trie_from_counts(leaves: int, roots: int, runs: int) -> tuple[float, int, int]:
+    """Print the median time `trie_from_counts` takes to build a model's trie, as each plan read does;
+    (that median in seconds, prefixes, counts)."""
     prefixes, counts = stored_counts(leaves, roots, seed=7)
     times = []
     for _ in range(runs):
@@ -91,6 +94,7 @@ def time_trie_from_counts(leaves: int, roots: int, runs: int) -> None:
         f"trie from stored counts: {statistics.median(times):.2f} s (median of {runs}) for {len(trie):,}"
         f" prefixes and {len(counts):,} counts"
     )
+    return statistics.median(times), len(trie), len(counts)
 
 
 def main() -> None:
@@ -103,11 +107,22 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--depth", type=int, default=0, help="the routing depth")
     parser.add_argument("--sample", type=int, default=20, help="replicas the per-replica path is timed on")
+    add_summary_option(parser)
     args = parser.parse_args()
+    recorder = SummaryRecorder(
+        bench="plan_scale",
+        title="A fleet re-plan's warm-set choice: one pass for every replica, against one call per replica",
+        module="bench.plan_scale_bench",
+        argv=sys.argv[1:],
+        parameters=parameters_of(args),
+        runs=args.runs,
+    )
     trie = chat_trie(args.leaves, args.roots, seed=7)
     ring = RingSpec(depth=args.depth)
     print(f"trie: {len(trie):,} prefixes from {args.leaves:,} requests; routing depth {args.depth}")
-    time_trie_from_counts(args.leaves, args.roots, args.runs)
+    built, prefixes, counts = time_trie_from_counts(args.leaves, args.roots, args.runs)
+    recorder.figure(f"trie from stored counts ({prefixes:,} prefixes, {counts:,} counts)", built, "s")
+    rows = []
     for size in args.replicas:
         members = [f"replica-{i:05d}" for i in range(size)]
         sample = members[: args.sample]
@@ -147,6 +162,16 @@ def main() -> None:
             f"{size:>6,} replicas: one call per replica {each:8.2f} s, one pass {fleet:7.2f} s,"
             f" ratio {fleet / each:.3f} (median of {args.runs}; {items:.0f} items a replica)"
         )
+        recorder.figure(f"one pass, {size:,} replicas", fleet, "s", ("one call per replica", each))
+        rows.append([f"{size:,}", f"{each:.2f}", f"{fleet:.2f}", f"{fleet / each:.3f}", f"{items:.0f}"])
+    recorder.table(
+        "Seconds per fleet re-plan by fleet size (medians); the per-replica path is timed on"
+        f" {args.sample} replicas and scaled to the fleet.",
+        ["replicas", "one call per replica s", "one pass s", "ratio", "items a replica"],
+        rows,
+    )
+    recorder.note(f"Trie: {len(trie):,} prefixes from {args.leaves:,} requests; routing depth {args.depth}.")
+    recorder.write(args.summary_json)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
 
+from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.services.gateway.membership import Replica, static_membership
 from warmplane.services.gateway.router import Router
 from warmplane.services.gateway.settings import RoutingSettings
@@ -58,13 +60,23 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, nargs="+", default=[4, 100, 1000])
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=3)
+    add_summary_option(parser)
     args = parser.parse_args()
+    recorder = SummaryRecorder(
+        bench="route_scale",
+        title="Gateway routing and ring builds as the fleet grows, against the smallest fleet",
+        module="bench.route_scale_bench",
+        argv=sys.argv[1:],
+        parameters=parameters_of(args),
+        runs=args.runs,
+    )
     rng = random.Random(7)
     results = {
         size: [measure(size, args.requests, rng) for _ in range(args.runs)] for size in sorted(args.replicas)
     }
     smallest = statistics.median(run[0] for run in results[min(results)])
     print(f"median of {args.runs} runs; route ratio to {min(results):,} replicas in the same run")
+    rows = []
     for size, runs in results.items():
         route, first, step, busy = (statistics.median(run[i] for run in runs) for i in range(4))
         print(
@@ -72,6 +84,26 @@ def main() -> None:
             f" all busy {busy * 1e6:6.1f} us; ring first build {first * 1e3:7.1f} ms,"
             f" ramp step {step * 1e3:5.1f} ms"
         )
+        if size != min(results) or len(results) == 1:
+            baseline = (f"route at {min(results):,} replicas", smallest * 1e6)
+            recorder.figure(f"route at {size:,} replicas", route * 1e6, "us", baseline, route / smallest)
+        rows.append(
+            [
+                f"{size:,}",
+                f"{route * 1e6:.1f}",
+                f"{busy * 1e6:.1f}",
+                f"{first * 1e3:.1f}",
+                f"{step * 1e3:.1f}",
+            ]
+        )
+    recorder.table(
+        "Medians per fleet size: a route with the ring kept, with a request in flight on every replica, the"
+        " ring's first build and a ramp step's rebuild.",
+        ["replicas", "route us", "all busy us", "first build ms", "ramp step ms"],
+        rows,
+    )
+    recorder.note("1.0: routing does not grow with the fleet (the smallest fleet is the baseline).")
+    recorder.write(args.summary_json)
 
 
 if __name__ == "__main__":

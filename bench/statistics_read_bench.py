@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import random
 import statistics
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -28,6 +29,7 @@ from pathlib import Path
 import asyncpg
 
 from bench.ingest_bench import fresh_database
+from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.policy import LeafCount, trie_from_counts
 from warmplane.shared.embedded import EmbeddedPostgres
@@ -128,7 +130,7 @@ async def measure(pool: asyncpg.Pool, since_bucket: int, now: datetime) -> dict[
     return {"read": read, "build": time.perf_counter() - began, "rows": len(stats.prefixes)}
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
     now = datetime.now(UTC)
     since_bucket = int((now - timedelta(hours=24)).timestamp()) // BUCKET_S
     with tempfile.TemporaryDirectory() as workdir, EmbeddedPostgres(Path(workdir) / "pg") as postgres:
@@ -136,6 +138,7 @@ async def main(args: argparse.Namespace) -> None:
             f"{'days':>5} {'path rows':>10} {'nodes read':>11} {'needed':>9} {'excess':>7}"
             f" {'read s':>7} {'trie s':>7}"
         )
+        table: list[list[object]] = []
         for days in args.days:
             paths, counts = chat_history(days, args.turns_a_day, now)
             dsn = await fresh_database(postgres)
@@ -153,6 +156,24 @@ async def main(args: argparse.Namespace) -> None:
                 f"{days:>5} {len(paths):>10,} {rows:>11,} {needed:>9,} {rows / needed:>6.1f}x"
                 f" {read:>7.2f} {build:>7.2f}"
             )
+            recorder.figure(f"statistics read, {days} days of history", read, "s")
+            recorder.figure(
+                f"nodes read, {days} days of history", rows, "nodes", ("nodes the trie needs", needed)
+            )
+            excess = f"{rows / needed:.1f}x"
+            table.append(
+                [days, f"{len(paths):,}", f"{rows:,}", f"{needed:,}", excess, f"{read:.2f}", f"{build:.2f}"]
+            )
+    recorder.table(
+        "Per history length: path rows stored, nodes the read returned and the trie needs, and the medians"
+        " of the read and the trie build.",
+        ["days", "path rows", "nodes read", "needed", "excess", "read s", "trie s"],
+        table,
+    )
+    recorder.note(
+        "The nodes' ratio is the read's excess: nodes read / nodes on the chains of the leaves counted in"
+        " the window. The read's seconds have no baseline measured in the same run."
+    )
 
 
 if __name__ == "__main__":
@@ -162,4 +183,15 @@ if __name__ == "__main__":
     parser.add_argument("--days", type=int, nargs="+", default=[1, 8, 31])
     parser.add_argument("--turns-a-day", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=3)
-    asyncio.run(main(parser.parse_args()))
+    add_summary_option(parser)
+    args = parser.parse_args()
+    recorder = SummaryRecorder(
+        bench="statistics_read",
+        title="A plan's statistics read as chat history accumulates: nodes read against nodes needed",
+        module="bench.statistics_read_bench",
+        argv=sys.argv[1:],
+        parameters=parameters_of(args),
+        runs=args.runs,
+    )
+    asyncio.run(main(args, recorder))
+    recorder.write(args.summary_json)

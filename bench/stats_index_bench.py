@@ -14,12 +14,14 @@ import argparse
 import asyncio
 import random
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import asyncpg
 
+from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.shared.embedded import EmbeddedPostgres
 
 TABLE = """
@@ -68,18 +70,34 @@ async def one_run(dsn: str, batches: int, seed: int) -> dict[str, float]:
         await connection.close()
 
 
-async def main(batches: int, runs: int) -> None:
+async def main(batches: int, runs: int, recorder: SummaryRecorder) -> None:
     with (
         tempfile.TemporaryDirectory(prefix="warmplane-stats-index-") as folder,
         EmbeddedPostgres(Path(folder)) as postgres,
     ):
-        ratios = []
+        ratios, per_run = [], []
         for run in range(runs):
             print(f"run {run + 1}:")
             medians = await one_run(postgres.asyncpg_dsn, batches, seed=run)
             ratios.append(medians["brin"] / medians["plain"])
+            per_run.append(medians)
             print(f"  with / without the index: {ratios[-1]:.3f}")
         print(f"median ratio over {runs} runs: {statistics.median(ratios):.3f}")
+    brin, plain = (
+        statistics.median(1000 * medians[name] for medians in per_run) for name in ("brin", "plain")
+    )
+    recorder.figure(
+        "upsert batch, BRIN index on bucket", brin, "ms", ("no index", plain), statistics.median(ratios)
+    )
+    recorder.note("The ratio is the median over runs of each run's with / without (as the bench prints it).")
+    recorder.table(
+        "Each run's median milliseconds a batch of upserts, on fresh tables.",
+        ["run", "no index ms", "BRIN ms", "ratio"],
+        [
+            [run + 1, f"{1000 * m['plain']:.2f}", f"{1000 * m['brin']:.2f}", f"{ratio:.3f}"]
+            for run, (m, ratio) in enumerate(zip(per_run, ratios, strict=True))
+        ],
+    )
 
 
 if __name__ == "__main__":
@@ -88,5 +106,15 @@ if __name__ == "__main__":
     )
     parser.add_argument("--batches", type=int, default=400)
     parser.add_argument("--runs", type=int, default=2)
+    add_summary_option(parser)
     args = parser.parse_args()
-    asyncio.run(main(args.batches, args.runs))
+    recorder = SummaryRecorder(
+        bench="stats_index",
+        title="Ingestion's upserts into a statistics table with the BRIN index on its bucket, against none",
+        module="bench.stats_index_bench",
+        argv=sys.argv[1:],
+        parameters=parameters_of(args),
+        runs=args.runs,
+    )
+    asyncio.run(main(args.batches, args.runs, recorder))
+    recorder.write(args.summary_json)

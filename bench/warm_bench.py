@@ -27,6 +27,7 @@ import contextlib
 import logging
 import random
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -38,6 +39,7 @@ from pathlib import Path
 import httpx
 from pydantic import SecretStr
 
+from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.services.planner.app import build_planner
 from warmplane.services.planner.settings import IngestSettings, PlannerSettings
 from warmplane.services.warmer.core.replica import RunOrder
@@ -210,11 +212,11 @@ def _spread(seconds: Sequence[float]) -> str:
     return f"p50 {percentile(ms, 0.5):.0f} ms, p99 {percentile(ms, 0.99):.0f} ms, max {max(ms):.0f} ms"
 
 
-async def bench(engine: Engine, args: argparse.Namespace, workdir: Path) -> None:
+async def bench(engine: Engine, args: argparse.Namespace, workdir: Path, recorder: SummaryRecorder) -> None:
     rng = random.Random(args.seed)
     vocab = VOCAB if args.endpoint is None else range(1000, 20_000)
     concurrency = WarmSettings().concurrency
-    peaks, walls, warms, ratios, warm_ratios = [], [], [], [], []
+    peaks, walls, warms, ideals, ratios, warm_ratios = [], [], [], [], [], []
     for run in range(1, args.runs + 1):
         rates = {
             c: await prefill_rate(engine, prompts(rng, args.items, args.item_tokens, vocab), c)
@@ -228,6 +230,7 @@ async def bench(engine: Engine, args: argparse.Namespace, workdir: Path) -> None
         peaks.append(peak)
         walls.append(wall)
         warms.append(warm)
+        ideals.append(ideal)
         ratios.append(wall / ideal)
         warm_ratios.append(warm / ideal)
         shown = ", ".join(f"{c}: {rate:,.0f}" for c, rate in rates.items())
@@ -251,6 +254,58 @@ async def bench(engine: Engine, args: argparse.Namespace, workdir: Path) -> None
         f"{_spread(singles)} (target p99 <= 200 ms)\n"
         f"  {args.replicas} replicas starting together ({args.runs} bursts): {_spread(bursts)}"
     )
+    runs = (walls, warms, ideals, ratios, warm_ratios)
+    _summarise(recorder, args, peaks=peaks, runs=runs, singles=singles, bursts=bursts)
+
+
+def _summarise(
+    recorder: SummaryRecorder,
+    args: argparse.Namespace,
+    *,
+    peaks: list[float],
+    runs: tuple[list[float], list[float], list[float], list[float], list[float]],
+    singles: list[float],
+    bursts: list[float],
+) -> None:
+    """The printed medians as the bench's summary: the plan run against its ideal at peak prefill, and
+    the latencies from a replica's start to its plan (no baseline: their target is 200 ms at p99)."""
+    median = statistics.median
+    walls, warms, ideals, ratios, warm_ratios = runs
+    ideal = ("tokens pre-filled at the engine's peak prefill rate", median(ideals))
+    recorder.figure("plan run (warm pass, then probes), wall time", median(walls), "s", ideal, median(ratios))
+    recorder.figure("warm pass alone, wall time", median(warms), "s", ideal, median(warm_ratios))
+    recorder.figure("engine's peak prefill", median(peaks), "tokens/s")
+    ms = [1000 * value for value in singles]
+    together = [1000 * value for value in bursts]
+    recorder.figure(
+        "replica.started -> plan at the warmer, one start at a time, p50", percentile(ms, 0.5), "ms"
+    )
+    recorder.figure(
+        "replica.started -> plan at the warmer, one start at a time, p99", percentile(ms, 0.99), "ms"
+    )
+    recorder.figure(
+        f"replica.started -> plan at the warmer, {args.replicas} starting together, p99",
+        percentile(together, 0.99),
+        "ms",
+    )
+    recorder.note(
+        "Ratios are medians of each run's wall time / ideal time (tokens pre-filled / that run's peak rate),"
+        " as the bench prints them: 1.0 means the warmer adds nothing to the engine's prefill time; target"
+        " <= 1.2. The latencies' target is p99 <= 200 ms; they are p50 and p99 over all starts, not medians"
+        f" of runs ({len(singles)} single starts, {args.runs} bursts of {args.replicas})."
+    )
+    recorder.table(
+        "Each run: peak prefill, the plan run, its ideal at that peak, the ratios.",
+        ["run", "peak tokens/s", "plan wall s", "warm pass s", "ideal s", "ratio", "warm pass ratio"],
+        [
+            [
+                i + 1,
+                f"{peaks[i]:,.0f}",
+                *(f"{values[i]:.2f}" for values in (walls, warms, ideals, ratios, warm_ratios)),
+            ]
+            for i in range(len(peaks))
+        ],
+    )
 
 
 def main() -> None:
@@ -268,17 +323,29 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=100, help="replicas announced one after the other")
     parser.add_argument("--replicas", type=int, default=100, help="replicas announced together, per burst")
     parser.add_argument("--seed", type=int, default=7)
+    add_summary_option(parser)
     args = parser.parse_args()
+    recorder = SummaryRecorder(
+        bench="warm",
+        title="Warm speed against the engine's peak prefill; a replica's start to its plan at the warmer",
+        module="bench.warm_bench",
+        argv=sys.argv[1:],
+        parameters=parameters_of(args),
+        runs=args.runs,
+    )
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="warmplane-warm-bench-") as folder:
         workdir = Path(folder)
         if args.endpoint is not None:
             if not args.model:
                 parser.error("--model is required with --endpoint")
-            asyncio.run(bench(Engine(args.endpoint.rstrip("/"), args.model, args.block_size), args, workdir))
-            return
-        with EmbeddedVllm(workdir / "vllm", ensure_tiny_model()) as vllm:
-            asyncio.run(bench(Engine(vllm.base_url, vllm.model_name, BLOCK_SIZE), args, workdir))
+            engine = Engine(args.endpoint.rstrip("/"), args.model, args.block_size)
+            asyncio.run(bench(engine, args, workdir, recorder))
+        else:
+            with EmbeddedVllm(workdir / "vllm", ensure_tiny_model()) as vllm:
+                engine = Engine(vllm.base_url, vllm.model_name, BLOCK_SIZE)
+                asyncio.run(bench(engine, args, workdir, recorder))
+    recorder.write(args.summary_json)
 
 
 if __name__ == "__main__":
