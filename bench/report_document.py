@@ -12,9 +12,9 @@ import msgspec
 
 from bench.summary import Summary
 
-Status = Literal["ok", "failed", "not available"]
+Status = Literal["ok", "failed"]
 """`ok`: the bench ran and its summary met the contract; `failed`: it exited non-zero, timed out, wrote no
-summary or a broken one; `not available`: its module is not in this checkout (`report.NOT_YET_WRITTEN`)."""
+summary or a broken one."""
 
 
 class Machine(msgspec.Struct, kw_only=True, frozen=True):
@@ -57,7 +57,7 @@ class Section(msgspec.Struct, kw_only=True, frozen=True):
     load_after: list[float]
     summary: Summary | None = None
     problem: str = ""
-    """Why it failed or is not available (empty when ok)."""
+    """Why it failed (empty when ok)."""
     log_tail: str = ""
     """The end of its output, when it failed."""
 

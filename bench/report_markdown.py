@@ -126,8 +126,6 @@ def _section(section: Section, title: str, run: Run | None) -> str:
 
 
 def _failure(section: Section) -> str:
-    if section.status == "not available":
-        return f"**Not available**: {section.problem}"
     tail = "\n".join(section.log_tail.splitlines()[-LOG_LINES:]).replace("```", "'''")
     return f"**Failed**: {section.problem}. The last lines of its log:\n\n```text\n{tail}\n```"
 

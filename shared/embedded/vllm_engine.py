@@ -131,7 +131,10 @@ class EmbeddedVllm(EmbeddedPart):
     take the same requests, and each answer says which replica served it.
 
     ``omp_threads_bind`` pins the engine's compute threads (``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0``), so
-    two engines side by side each get a core. ``extra_args`` are appended to the server's command line.
+    two engines side by side each get a core. ``cpu_affinity`` confines the whole server (its API process,
+    engine core and workers, whatever they spawn) to those cores with ``taskset``, so that an engine starting
+    beside a busy one does not take its core: two replicas on one machine behave more like two machines.
+    ``extra_args`` are appended to the server's command line.
     """
 
     name: ClassVar[str] = "vllm"
@@ -145,6 +148,7 @@ class EmbeddedVllm(EmbeddedPart):
         served_model_aliases: Sequence[str] = (),
         venv: Path | None = None,
         omp_threads_bind: int | None = None,
+        cpu_affinity: Sequence[int] = (),
         kv_cache_space_gib: int = 1,
         extra_args: Sequence[str] = (),
         kv_events: bool = False,
@@ -162,6 +166,7 @@ class EmbeddedVllm(EmbeddedPart):
         if len(set(self.served_model_names)) != len(self.served_model_names):
             raise ValueError(f"served model names repeat: {self.served_model_names}")
         self.omp_threads_bind = omp_threads_bind
+        self.cpu_affinity = tuple(cpu_affinity)
         self.kv_cache_space_gib = kv_cache_space_gib
         self.extra_args = tuple(extra_args)
         self.kv_events = kv_events
@@ -200,7 +205,8 @@ class EmbeddedVllm(EmbeddedPart):
 
     def command(self) -> list[str]:
         """The server's argv (needs the port, so only meaningful once ``start()`` chose it)."""
-        argv = [str(self.venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
+        pinned = ["taskset", "-c", ",".join(map(str, self.cpu_affinity))] if self.cpu_affinity else []
+        argv = [*pinned, str(self.venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
         argv += ["--model", str(self.model_dir), "--served-model-name", *self.served_model_names]
         argv += ["--host", self.host, "--port", str(self.port)]
         argv += ["--enable-prefix-caching", "--block-size", str(BLOCK_SIZE), "--enable-prompt-tokens-details"]

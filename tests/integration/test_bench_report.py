@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import NOT_YET_WRITTEN, Bench, run_bench
+from bench.report import Bench, run_bench
 from bench.report_document import decode_results, sidecar
 
 
@@ -41,7 +41,7 @@ def test_only_two_benches_fill_their_sections_and_a_later_run_keeps_them(
     assert "| [evaluate_policy](#bench-evaluate-policy) | conversation_trace.jsonl:" in output.read_text()
 
 
-def test_a_bench_that_fails_or_times_out_is_reported_with_its_log_and_a_missing_one_as_not_available(
+def test_a_bench_that_fails_or_times_out_is_reported_with_its_log(
     pytestconfig: pytest.Config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(pytestconfig.rootpath)
@@ -53,11 +53,3 @@ def test_a_bench_that_fails_or_times_out_is_reported_with_its_log_and_a_missing_
     slow = Bench("route_scale", "bench.route_scale_bench", 0.1, 0.001, "--replicas 4 --runs 50", "Slow")
     section = run_bench(slow, tmp_path, "run-1")
     assert section.status == "failed" and section.problem.startswith("timed out after 0.001 minutes")
-
-    absent = Bench("scaleup", "bench.scaleup_not_written", 10, 20, "", "Scale-up")
-    assert "scaleup" in NOT_YET_WRITTEN
-    section = run_bench(absent, tmp_path, "run-1")
-    assert (section.status, section.problem) == (
-        "not available",
-        "`bench.scaleup_not_written` is not in this checkout yet",
-    )

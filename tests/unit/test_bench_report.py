@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from bench.report import BENCHES, NOT_YET_WRITTEN
+from bench.report import BENCHES
 from bench.report_document import Machine, Results, Run, Section, decode_results, encode_results, merge
 from bench.report_markdown import LOG_LINES, number, render
 from bench.summary import Figure, Summary, Table
@@ -80,19 +80,6 @@ def failed(bench: str, at: datetime, log: str) -> Section:
     )
 
 
-def not_available(at: datetime) -> Section:
-    return Section(
-        bench="scaleup",
-        run=run(at).id,
-        status="not available",
-        command="python -m bench.scaleup",
-        seconds=0.0,
-        load_before=[0.5, 0.4, 0.3],
-        load_after=[0.5, 0.4, 0.3],
-        problem="`bench.scaleup` is not in this checkout yet",
-    )
-
-
 def test_the_header_says_how_where_and_when_the_figures_were_made() -> None:
     text = render(Results(runs=[run(T0)], sections=[ok("ingest", T0)]), REGISTRY)
     assert text.startswith("# Benchmark results\n")
@@ -103,7 +90,7 @@ def test_the_header_says_how_where_and_when_the_figures_were_made() -> None:
 
 
 def test_the_headline_has_a_line_per_figure_and_says_what_failed_or_is_missing() -> None:
-    sections = [ok("ingest", T0), failed("gateway", T0, "boom"), not_available(T0)]
+    sections = [ok("ingest", T0), failed("gateway", T0, "boom")]
     text = render(Results(runs=[run(T0)], sections=sections), REGISTRY)
     headline = text.split("## Headline figures\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert headline[2:] == [
@@ -111,8 +98,7 @@ def test_the_headline_has_a_line_per_figure_and_says_what_failed_or_is_missing()
         "| [ingest](#bench-ingest) | trie build | 0.0421 s | none |  |",
         "| [epoch](#bench-epoch) | pending: not run yet |  |  |  |",
         "| [gateway](#bench-gateway) | **failed**: exited with code 1 |  |  |  |",
-        "| [scaleup](#bench-scaleup) | **not available**: `bench.scaleup` is not in this checkout yet"
-        " |  |  |  |",
+        "| [scaleup](#bench-scaleup) | pending: not run yet |  |  |  |",
     ]
 
 
@@ -164,7 +150,7 @@ def test_a_run_no_section_names_any_more_leaves_the_header() -> None:
 
 
 def test_the_document_round_trips_through_its_json() -> None:
-    sections = [ok("ingest", T0), failed("gateway", T0, "x"), not_available(T0)]
+    sections = [ok("ingest", T0), failed("gateway", T0, "x")]
     results = Results(runs=[run(T0)], sections=sections)
     assert decode_results(encode_results(results)) == results
     assert results.failed == ["gateway"]
@@ -178,16 +164,14 @@ def test_figures_are_shown_to_about_three_digits(value: float, shown: str) -> No
     assert number(value) == shown
 
 
-def test_the_registry_holds_every_kept_bench_once_and_each_module_exists_unless_not_yet_written() -> None:
+def test_the_registry_holds_every_kept_bench_once_and_each_module_exists() -> None:
     names = [bench.name for bench in BENCHES]
     assert len(names) == len(set(names))
     kept = {"ingest", "emitter", "warm", "gateway", "result_cache", "epoch", "plan_scale", "route_scale"}
     kept |= {"stats_index", "paths_index", "statistics_read", "evaluate_policy", "scaleup"}
     assert set(names) == kept
-    assert set(names) >= NOT_YET_WRITTEN
     for bench in BENCHES:
-        if bench.name not in NOT_YET_WRITTEN:
-            assert importlib.util.find_spec(bench.module) is not None, bench.module
+        assert importlib.util.find_spec(bench.module) is not None, bench.module
         assert bench.timeout_minutes > bench.minutes
 
 

@@ -1,0 +1,1 @@
+"""The scale-up scenario benchmark (`python -m bench.scaleup`): see `__main__.py`."""
