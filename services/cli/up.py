@@ -117,7 +117,7 @@ async def run_up(options: UpOptions, out: TextIO) -> None:
         )
         tune_for_batches()
         planner = build_planner(settings)
-        task = asyncio.create_task(planner.app.run())
+        task = asyncio.create_task(planner.serve(), name="planner")
         secret = SecretStr(secrets.token_urlsafe(32))
         try:
             async with Fleet(workdir, MODEL.name, kafka, TENANT, secret) as fleet:
@@ -138,7 +138,7 @@ async def run_up(options: UpOptions, out: TextIO) -> None:
                     out.write("Ctrl-C stops everything\n")
                     await asyncio.Event().wait()
         finally:
-            planner.app.exit()
+            planner.exit()
             async with asyncio.timeout(30):
                 await task
 
