@@ -213,7 +213,7 @@ async def planner_run(
 ) -> float:
     """Events/s of the planner, from its first counted batch until all `total` are committed."""
     planner = build_planner(settings)
-    task = asyncio.create_task(planner.app.run())
+    task = asyncio.create_task(planner.serve())
     try:
         done = 0
         first: tuple[float, int, float] | None = None
@@ -244,7 +244,7 @@ async def planner_run(
         )
         print(f"  CPU us an event meanwhile: {others}")
     finally:
-        planner.app.exit()
+        planner.exit()
         await task
     db = await asyncpg.connect(settings.postgres.asyncpg_dsn())
     try:

@@ -159,11 +159,11 @@ async def control_plane(workdir: Path) -> AsyncIterator[KafkaSettings]:
             metrics_port=0,
         )
         planner = build_planner(settings)
-        task = asyncio.create_task(planner.app.run())
+        task = asyncio.create_task(planner.serve())
         try:
             yield kafka
         finally:
-            planner.app.exit()
+            planner.exit()
             await asyncio.wait_for(task, 30)
 
 

@@ -93,7 +93,9 @@ async def serve(settings: ApiSettings) -> None:
         )
     async with api_deps(settings) as deps:
         refresher = asyncio.create_task(_refresh_forever(deps), name="api-health-refresh")
-        server = AsgiServer(build_app(deps), settings.api.http_host, settings.api.http_port, name="api")
+        server = AsgiServer(
+            build_app(deps), settings.api.http_host, settings.api.http_port, name="api", handle_signals=True
+        )
         try:
             await server.serve_until_cancelled()
         finally:

@@ -1,6 +1,7 @@
 """`warmplane`: the command line.
 
-warmplane up [--trace FILE] [--limit N]   the main job on embedded defaults (no settings needed)
+warmplane up [--trace FILE] [--limit N]   the main job on embedded defaults (no settings needed);
+                                          SIGINT or SIGTERM stops all it started, exit 130 or 143
 warmplane migrate                         migrate WARMPLANE_POSTGRES__URL to the newest schema
 warmplane planner                         run the planner from WARMPLANE_* settings
 warmplane warmer                          run one node's warmer from WARMPLANE_* settings
@@ -47,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--workdir", type=Path, default=None, help="keep the parts' data here (default: a temp dir)"
     )
-    up.add_argument("--keep-running", action="store_true", help="keep everything running until Ctrl-C")
+    up.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="keep everything running until Ctrl-C or SIGTERM (exit code 130 or 143: 128 + the signal)",
+    )
     up.add_argument("--verbose", action="store_true", help="log what the services do")
     commands.add_parser("migrate", help="migrate WARMPLANE_POSTGRES__URL to the newest schema")
     commands.add_parser("planner", help="run the planner from WARMPLANE_* settings")
@@ -170,6 +175,7 @@ def _evaluate_traffic(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
+    from warmplane.services.cli.stop_signals import exit_code, run_until_signalled  # noqa: PLC0415
     from warmplane.services.cli.up import DEFAULT_TRACE, UpOptions, run_up  # noqa: PLC0415 - see above
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
@@ -181,13 +187,13 @@ def _up(args: argparse.Namespace) -> int:
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     options = UpOptions(args.trace or DEFAULT_TRACE, args.limit, args.workdir, args.keep_running)
     try:
-        asyncio.run(run_up(options, sys.stdout))
+        received = asyncio.run(run_until_signalled(run_up(options, sys.stdout), sys.stdout))
     except FileNotFoundError as exc:
         print(f"warmplane up: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # outside the job's own handlers (before or after it ran)
         return 130
-    return 0
+    return 0 if received is None else exit_code(received)
 
 
 if __name__ == "__main__":

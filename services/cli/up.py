@@ -117,7 +117,7 @@ async def run_up(options: UpOptions, out: TextIO) -> None:
         )
         tune_for_batches()
         planner = build_planner(settings)
-        task = asyncio.create_task(planner.app.run())
+        task = asyncio.create_task(planner.serve(), name="planner")
         secret = SecretStr(secrets.token_urlsafe(32))
         try:
             async with Fleet(workdir, MODEL.name, kafka, TENANT, secret) as fleet:
@@ -136,11 +136,20 @@ async def run_up(options: UpOptions, out: TextIO) -> None:
                 if options.keep_running:
                     out.write(f"running; warmer status at http://127.0.0.1:{fleet.warmer.http_port}/status\n")
                     out.write("Ctrl-C stops everything\n")
-                    await asyncio.Event().wait()
+                    out.flush()
+                    await _until_stopped(task)
         finally:
-            planner.app.exit()
+            planner.exit()
             async with asyncio.timeout(30):
                 await task
+
+
+async def _until_stopped(planner: asyncio.Task[None]) -> None:
+    """Wait until cancelled (a signal, see `stop_signals`); raise if the planner stops first: it ended
+    by itself after a failure (its log says why, with --verbose) and nothing would plan any more."""
+    await asyncio.wait([planner])
+    planner.result()
+    raise RuntimeError("the planner stopped by itself; run with --verbose to see why")
 
 
 def _report(warm: WarmSummary, shares: list[float], compared: int, out: TextIO) -> None:

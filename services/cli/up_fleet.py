@@ -89,9 +89,16 @@ class Fleet:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        # A start under way runs in a thread that cannot be cancelled: let it end, then stop the engine.
+        # A start under way runs in a thread that cannot be cancelled; stopping its engine ends it at once
+        # (the start fails), where waiting for it could take the whole start timeout. Stops run side by
+        # side: each waits for vLLM's graceful exit, a few seconds.
+        stops = [asyncio.to_thread(engine.stop) for engine in self.engines]
+        failures = await asyncio.gather(*stops, return_exceptions=True)
         await asyncio.gather(*self._starts, return_exceptions=True)
         await self._stack.aclose()
+        for failure in failures:
+            if failure is not None:
+                raise failure
 
     def check_starts(self) -> None:
         """Raise what stopped an engine from starting (the engine's log tail), if one did."""
@@ -111,7 +118,6 @@ class Fleet:
             kv_events=True,
             port=free_port(),
         )
-        self._stack.callback(engine.stop)
         self.engines.append(engine)
         driver = self.warmer.add_engine(
             EngineSettings(

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -52,11 +52,33 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Planner:
-    """The planner's app (run it with `await planner.app.run()`, stop it with `app.exit()`) and its
-    metrics, which tests and benchmarks read in-process."""
+    """The planner's app and its metrics, which tests and benchmarks read in-process.
+
+    Run it as a process of its own with `await planner.app.run()`: faststream's `run` installs SIGINT and
+    SIGTERM handlers that stop it. Run it inside a process that handles its own signals (`warmplane up`,
+    tests, benchmarks) with `await planner.serve()`. Stop either with `exit()`."""
 
     app: FastStream
     metrics: PlannerMetrics
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def exit(self) -> None:
+        """Ask the planner to stop (drain, commit, close); `run()` or `serve()` then returns."""
+        self.app.exit()
+        self._stopping.set()
+
+    async def serve(self) -> None:
+        """Run the planner until `exit()` or cancellation, installing no signal handlers.
+
+        `app.run()` would replace the process's SIGINT and SIGTERM handlers with its own (faststream's
+        `set_exit`): a signal would then stop the planner alone, unseen by the process that embeds it.
+        The lifespan's resources are released however this ends; a failed start raises."""
+        async with self.app.lifespan_context():
+            try:
+                await self.app.start()
+                await self._stopping.wait()
+            finally:
+                await self.app.stop()
 
 
 def build_planner(settings: PlannerSettings) -> Planner:
@@ -105,7 +127,7 @@ def build_planner(settings: PlannerSettings) -> Planner:
 
     @contextlib.asynccontextmanager
     async def lifespan(context: Any = None) -> AsyncIterator[None]:
-        async with _resources(settings, topics, metrics, on_failure=app.exit) as ingestor:
+        async with _resources(settings, topics, metrics, on_failure=planner.exit) as ingestor:
             holder["ingestor"] = ingestor
             lag = asyncio.create_task(
                 report_lag_forever(
@@ -123,8 +145,8 @@ def build_planner(settings: PlannerSettings) -> Planner:
             # faststream stops consuming before the lifespan exits: drain while offsets can commit.
             await ingestor.drain()
 
-    app = FastStream(broker, lifespan=lifespan)
-    return Planner(app, metrics)
+    planner = Planner(FastStream(broker, lifespan=lifespan), metrics)
+    return planner
 
 
 @contextlib.asynccontextmanager

@@ -3,7 +3,10 @@
 Contracts:
 - ``start()`` returns only once the server answered a real request; on any failure it stops whatever it
   started and re-raises, so no process outlives a failed start.
-- ``stop()`` and ``kill()`` are idempotent and leave no member of the child's process group behind.
+- ``stop()`` and ``kill()`` are idempotent and leave no member of the child's process group behind, also
+  when the server itself already died and left its children (vLLM's engine core and workers).
+- ``stop()`` may be called from another thread while ``start()`` runs (a start can block for minutes):
+  that start then fails with ``StartupError`` once the process has exited, and leaves nothing running.
 - The TCP port is chosen on the first ``start()`` and kept, so a restart after ``kill()`` (fault tests)
   comes back at the same address and clients' connection strings stay valid.
 - No ``atexit`` hooks: the owner stops the part, typically with ``with Part(workdir) as part:``.
@@ -13,13 +16,19 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
 
-from warmplane.shared.embedded.processes import free_port, kill_process_group, stop_process_group
+from warmplane.shared.embedded.processes import (
+    StartupError,
+    free_port,
+    kill_process_group,
+    stop_process_group,
+)
 
 
 class EmbeddedPart(ABC):
@@ -46,6 +55,9 @@ class EmbeddedPart(ABC):
         self.stop_timeout_s = stop_timeout_s
         self._port = port
         self._proc: subprocess.Popen[bytes] | None = None
+        # Guards `_proc` and `_stop_requested` between a starting thread and a stopping one.
+        self._lock = threading.Lock()
+        self._stop_requested = False
         #: Wall-clock seconds the last successful ``start()`` took, for start-up budgets.
         self.last_start_s: float | None = None
 
@@ -73,16 +85,22 @@ class EmbeddedPart(ABC):
 
     def start(self) -> None:
         """Start the server and block until it serves requests, at most ``start_timeout_s``."""
-        if self._proc is not None:
-            raise RuntimeError(f"{self.name}: already started (pid {self._proc.pid})")
+        with self._lock:
+            if self._proc is not None:
+                raise RuntimeError(f"{self.name}: already started (pid {self._proc.pid})")
+            self._stop_requested = False
         began = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self._port is None:
             self._port = free_port(self.host)
         deadline = began + self.start_timeout_s
         try:
-            self._proc = self._spawn(deadline)
-            self._wait_ready(self._proc, deadline)
+            proc = self._spawn(deadline)
+            with self._lock:
+                stopped, self._proc = self._stop_requested, proc
+            if stopped:
+                raise StartupError(f"{self.name}: stopped while starting")
+            self._wait_ready(proc, deadline)  # fails at once if a stop ends the process meanwhile
         except BaseException:
             self.kill()
             raise
@@ -90,7 +108,7 @@ class EmbeddedPart(ABC):
 
     def stop(self) -> None:
         """Shut the server down cleanly, SIGKILLing its group after ``stop_timeout_s``. Idempotent."""
-        proc, self._proc = self._proc, None
+        proc = self._take_process()
         if proc is not None:
             stop_process_group(
                 proc, self.stop_timeout_s, sig=self.stop_signal, whole_group=self.stop_whole_group
@@ -98,9 +116,16 @@ class EmbeddedPart(ABC):
 
     def kill(self) -> None:
         """SIGKILL the server's whole process group, simulating a crash. Idempotent."""
-        proc, self._proc = self._proc, None
+        proc = self._take_process()
         if proc is not None:
             kill_process_group(proc)
+
+    def _take_process(self) -> subprocess.Popen[bytes] | None:
+        """The running process, now this caller's to end; a start under way will fail."""
+        with self._lock:
+            self._stop_requested = True
+            proc, self._proc = self._proc, None
+        return proc
 
     def __enter__(self) -> Self:
         self.start()

@@ -189,13 +189,16 @@ def stop_process_group(
     """Ask the process (group) to stop with ``sig``, wait up to ``timeout_s``, then SIGKILL the group.
 
     ``whole_group=False`` sends ``sig`` to the leader only, for servers such as Postgres whose leader
-    shuts its children down in order. Returns once the leader is reaped and the group is empty or
-    has been killed. Idempotent.
+    shuts its children down in order. A leader that already died (crashed, or killed by hand) may have
+    left members behind, which outlive it: vLLM's engine core and workers do. They get ``sig`` at once,
+    as a group. Returns once the leader is reaped and the group is empty or has been killed. Idempotent.
     """
     pgid = proc.pid  # start_new_session makes the leader's pid the group id
     deadline = time.monotonic() + timeout_s
     if proc.poll() is None:
         _signal(proc.pid, pgid, sig, whole_group)
+    elif _group_alive(pgid):
+        _signal(proc.pid, pgid, sig, whole_group=True)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     _wait_group_empty(pgid, deadline)

@@ -139,11 +139,11 @@ async def poll_until(check: Callable[[], Awaitable[bool]], *, timeout_s: float, 
 async def running_planner(settings: PlannerSettings) -> AsyncIterator[Planner]:
     """An in-process planner, stopped gracefully (drained, offsets committed) on exit."""
     planner = build_planner(settings)
-    task = asyncio.create_task(planner.app.run())
+    task = asyncio.create_task(planner.serve())
     try:
         yield planner
     finally:
-        planner.app.exit()
+        planner.exit()
         await asyncio.wait_for(task, 30)
 
 

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
+import signal
+import subprocess
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -23,7 +28,7 @@ from warmplane.shared.embedded import (
     EmbeddedStack,
     StartupError,
 )
-from warmplane.shared.embedded.processes import live_members, port_is_open
+from warmplane.shared.embedded.processes import live_members, port_is_open, start_process, wait_until
 
 _CLIENT_TIMEOUT_S = 10.0
 
@@ -184,3 +189,83 @@ def test_stack_stops_started_parts_when_a_later_part_fails(tmp_path: Path) -> No
     assert _processes_working_in(tmp_path.resolve()) == []
     with pytest.raises(RuntimeError, match="start"):
         _ = stack.kafka
+
+
+class _Sleepers(EmbeddedPart):
+    """A "server" of two processes in one group, as vLLM's API server and its engine core: a shell and
+    its child. With `ready`, it is ready as soon as it runs; without, never. `_spawn` waits for
+    `spawn_allowed`, so a test can stop the part before its process exists."""
+
+    name = "sleepers"
+
+    def __init__(self, workdir: Path, *, ready: bool) -> None:
+        super().__init__(workdir, start_timeout_s=120.0, stop_timeout_s=60.0)
+        self.spawn_allowed = threading.Event()
+        self.spawned: subprocess.Popen[bytes] | None = None
+        self._ready = ready
+
+    def _spawn(self, deadline: float) -> subprocess.Popen[bytes]:
+        assert self.spawn_allowed.wait(timeout=self._remaining(deadline))
+        self.spawned = start_process(["sh", "-c", "sleep 300 & wait"], self.log_path)
+        return self.spawned
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
+        wait_until(lambda: self._ready, timeout_s=self._remaining(deadline), what="never", proc=proc)
+
+
+def _members(pgid: int) -> list[int]:
+    return [
+        int(stat.parent.name)
+        for stat in Path("/proc").glob("[0-9]*/stat")
+        if (fields := _stat_fields(stat)) is not None and fields[2] == str(pgid) and fields[0] != "Z"
+    ]
+
+
+def _stat_fields(stat: Path) -> list[str] | None:
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+@pytest.mark.parametrize("when", ["before its process exists", "while it waits for readiness"])
+def test_a_stop_from_another_thread_ends_a_start_under_way(tmp_path: Path, when: str) -> None:
+    part = _Sleepers(tmp_path, ready=False)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        if when == "before its process exists":
+            starting = pool.submit(part.start)
+            part.stop()
+            part.spawn_allowed.set()
+        else:
+            part.spawn_allowed.set()
+            starting = pool.submit(part.start)
+            deadline = time.monotonic() + 30
+            while part.spawned is None or len(_members(part.spawned.pid)) < 2:
+                assert time.monotonic() < deadline, "the part's two processes did not start"
+                time.sleep(0.01)
+            part.stop()
+        with pytest.raises(StartupError):
+            starting.result(timeout=10)  # not the start's 120 s
+    assert part.spawned is not None and not _group_exists(part.spawned.pid)
+
+
+def test_stop_ends_what_a_dead_leader_left_in_its_group_at_once(tmp_path: Path) -> None:
+    part = _Sleepers(tmp_path, ready=True)
+    part.spawn_allowed.set()
+    part.start()
+    leader = part.pid
+    assert leader is not None
+    deadline = time.monotonic() + 30
+    while len(_members(leader)) < 2:
+        assert time.monotonic() < deadline, "the part's two processes did not start"
+        time.sleep(0.01)
+    os.kill(leader, signal.SIGKILL)  # the server dies; its child (the engine core) lives on
+    while leader in _members(leader):
+        assert time.monotonic() < deadline, "the leader did not die"
+        time.sleep(0.01)
+    assert _group_exists(leader)
+
+    began = time.monotonic()
+    part.stop()
+    assert time.monotonic() - began < 10, "waited for the stop timeout (60 s) instead of signalling"
+    assert not _group_exists(leader)
