@@ -35,7 +35,7 @@ import msgspec
 from bench.scaleup.arms import Arm, RouterArm, WarmplaneArm
 from bench.scaleup.figures import RunRecord
 from bench.scaleup.report import headline, picture, summarise, table, targets
-from bench.scaleup.run import Timing, calibrate, run_arm
+from bench.scaleup.run import RunSettings, calibrate, run_arm
 from bench.scaleup.traffic import Slice, TraceError, read_ordered_trace, replay_requests, vocabulary_words
 from bench.summary import SummaryRecorder, Table, add_summary_option, parameters_of
 from warmplane.shared.embedded.vllm_engine import ensure_smollm2
@@ -74,6 +74,7 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
         default=900.0,
         help="the engine's prefill rate the budget assumes",
     )
+    parser.add_argument("--kv-cache-gib", type=int, default=4, help="each engine's KV cache")
     parser.add_argument("--model-dir", type=Path, default=None, help="a served model (default: SmolLM2)")
     parser.add_argument("--router", default=None, help="the vllm-router binary (default: beside python)")
     parser.add_argument("--output", type=Path, default=Path("bench/results/scaleup.md"))
@@ -142,12 +143,12 @@ async def _measure(args: argparse.Namespace, arms: list[Arm], stamp: Path, comma
         raise SystemExit(f"bench.scaleup: {exc}") from None
     model_dir = args.model_dir or await asyncio.to_thread(ensure_smollm2)
     words = vocabulary_words(model_dir / "tokenizer.json")
-    timing = Timing(before_s=args.before_s, after_s=args.after_s)
+    settings = RunSettings(before_s=args.before_s, after_s=args.after_s, kv_cache_gib=args.kv_cache_gib)
     duration = args.before_s + args.after_s
     if args.sample is None:
         everything = replay_requests(trace, words, Slice(args.offset_s, duration, sample=1.0))
         probe = everything[: args.calibration_requests]
-        calibration = await calibrate(probe, model_dir=model_dir, timing=timing)
+        calibration = await calibrate(probe, model_dir=model_dir, settings=settings)
         args.sample = calibration.sample(len(everything) / duration, args.utilization)
         print(
             f"calibration: {calibration.service_s * 1000:.0f} ms a request alone (median of "
@@ -161,7 +162,7 @@ async def _measure(args: argparse.Namespace, arms: list[Arm], stamp: Path, comma
         for arm in arms[shift:] + arms[:shift]:
             began = time.monotonic()
             print(f"run {run}, {arm.name}: starting", flush=True)
-            record = await run_arm(arm, run, requests, model_dir=model_dir, timing=timing, keep=stamp)
+            record = await run_arm(arm, run, requests, model_dir=model_dir, settings=settings, keep=stamp)
             kept.records.append(record)
             (stamp / "records.json").write_bytes(msgspec.json.encode(kept))
             print(f"run {run}, {arm.name}: done in {time.monotonic() - began:.0f} s", flush=True)

@@ -35,13 +35,16 @@ _COUNTER = re.compile(r"^(vllm:prefix_cache_(?:queries|hits)_total)\{[^}]*\} ([0
 
 
 @dataclass(frozen=True, slots=True)
-class Timing:
+class RunSettings:
     before_s: float
     after_s: float
     engine_timeout_s: float = 600.0
+    kv_cache_gib: int = 4
+    """Each engine's KV cache: SmolLM2 keeps about 23 KB a token, so 1 GiB holds some 46,000 tokens, about
+    fifty of the replay's conversations, far less than a GPU replica holds."""
 
 
-def _engine(workdir: Path, model_dir: Path, name: str, core: int, timeout_s: float) -> Replica:
+def _engine(workdir: Path, model_dir: Path, name: str, core: int, settings: RunSettings) -> Replica:
     engine = EmbeddedVllm(
         workdir / f"vllm-{name}",
         model_dir,
@@ -51,7 +54,8 @@ def _engine(workdir: Path, model_dir: Path, name: str, core: int, timeout_s: flo
         cpu_affinity=(core,),
         kv_events=True,  # the warmer's residency, as the README has a production node run it
         port=free_port(),
-        start_timeout_s=timeout_s,
+        kv_cache_space_gib=settings.kv_cache_gib,
+        start_timeout_s=settings.engine_timeout_s,
     )
     return Replica(name, engine)
 
@@ -95,15 +99,21 @@ def _warm_tokens(
 
 
 async def run_arm(
-    arm: Arm, number: int, requests: Sequence[ChatRequest], *, model_dir: Path, timing: Timing, keep: Path
+    arm: Arm,
+    number: int,
+    requests: Sequence[ChatRequest],
+    *,
+    model_dir: Path,
+    settings: RunSettings,
+    keep: Path,
 ) -> RunRecord:
     """Run `arm` once over `requests`; the engines' and services' logs are kept under `keep`."""
     with tempfile.TemporaryDirectory(prefix="wp-scaleup-") as folder, ExitStack() as stack:
         workdir = Path(folder)
         stack.callback(_keep_logs, workdir, keep / f"run{number}-{arm.name}")
         processes = Processes(stack, workdir)
-        first = _engine(workdir, model_dir, "r0", 0, timing.engine_timeout_s)
-        newcomer = _engine(workdir, model_dir, "r1", 1, timing.engine_timeout_s)
+        first = _engine(workdir, model_dir, "r0", 0, settings)
+        newcomer = _engine(workdir, model_dir, "r1", 1, settings)
         stack.callback(newcomer.engine.stop)
         await asyncio.to_thread(stack.enter_context, first.engine)
         await asyncio.to_thread(arm.start, processes, first)
@@ -118,7 +128,7 @@ async def run_arm(
                 start=start,
             )
         )
-        while (wait := start + timing.before_s - time.monotonic()) > 0:
+        while (wait := start + settings.before_s - time.monotonic()) > 0:
             processes.check()
             _alive(first)
             await asyncio.sleep(min(wait, 1.0))
@@ -165,10 +175,12 @@ class Calibration:
         return min(1.0, utilization / self.service_s / full_rate)
 
 
-async def calibrate(requests: Sequence[ChatRequest], *, model_dir: Path, timing: Timing) -> Calibration:
+async def calibrate(
+    requests: Sequence[ChatRequest], *, model_dir: Path, settings: RunSettings
+) -> Calibration:
     """Time `requests` one after another on a lone fresh engine (core 0), as the established replica is."""
     with tempfile.TemporaryDirectory(prefix="wp-scaleup-calibrate-") as folder:
-        replica = _engine(Path(folder), model_dir, "r0", 0, timing.engine_timeout_s)
+        replica = _engine(Path(folder), model_dir, "r0", 0, settings)
         with replica.engine:
             times = await service_times(replica.engine.base_url, requests, model=MODEL)
     return Calibration(statistics.median(times), len(times))
