@@ -1,7 +1,8 @@
 """`python -m bench.report` (`make bench`): every benchmark the project keeps, one after the other, into
 `bench/RESULTS.md`. Run from the project root:
 
-    python -m bench.report [--only NAME[,NAME]] [--output bench/RESULTS.md] [--logs DIR] [--list]
+    python -m bench.report [--only NAME[,NAME]] [--take NAME=SUMMARY.json] [--output bench/RESULTS.md]
+                           [--logs DIR] [--list]
 
 Each bench in `BENCHES` runs as its own process (`python -m <module> <parameters> --summary-json ...`)
 with a timeout, its output in a log (`--logs`, else a temporary folder the report names); its summary
@@ -9,10 +10,11 @@ with a timeout, its output in a log (`--logs`, else a temporary folder the repor
 one that breaks the contract, fails: its section says so and quotes its log's tail, the headline table
 says so, and the command exits 1 once the rest have run. The file is rewritten after each bench, so an
 interrupted run keeps what it finished. `--only` runs some benches and replaces only their sections,
-keeping the others as they were (the data is kept beside the file, `RESULTS.json`).
+keeping the others as they were (the data is kept beside the file, `RESULTS.json`). `--take` puts in
+the summary of a bench run alone (`--summary-json`) instead of running it again.
 
 The parameters below (the benches' documented defaults, spelled out) are sized so that a full run takes
-45 to 60 minutes on a 2-core machine; each bench's minutes are what it took in a report run
+about two hours on a 2-core machine, 80 minutes of it the scale-up scenario; each bench's minutes are what it took in a report run
 (`measured`) or an estimate from smaller runs (`estimated`); `--list` prints the table.
 """
 
@@ -167,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             took = f"{bench.minutes:>4g} min (timeout {bench.timeout_minutes:>2g})"
             print(f"{bench.name:<16} {took}  {bench.command}")
         return 0
-    chosen = [bench for bench in BENCHES if args.only is None or bench.name in args.only]
+    taken = dict(args.take)
+    wanted = args.only if args.only is not None else (set() if taken else {bench.name for bench in BENCHES})
+    chosen = [bench for bench in BENCHES if bench.name in wanted and bench.name not in taken]
     output: Path = args.output
     earlier = _earlier(output)
     logs: Path = args.logs or Path(tempfile.mkdtemp(prefix="warmplane-bench-report-"))
@@ -176,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"bench.report: {len(chosen)} benches, about {sum(b.minutes for b in chosen):.0f} min; logs in {logs}"
     )
-    sections: list[Section] = []
+    by_name = {bench.name: bench for bench in BENCHES}
+    sections = [taken_section(by_name[name], path, run.id) for name, path in taken.items()]
+    if sections:
+        earlier = _write(output, merge(earlier, Results(runs=[run], sections=sections)))
     try:
         for bench in chosen:
             print(f"  {bench.name}: running, at most {bench.timeout_minutes:g} min ({logs}/{bench.name}.log)")
@@ -246,7 +253,43 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=Path("bench/RESULTS.md"))
     parser.add_argument("--logs", type=Path, help="keep each bench's log and summary here")
     parser.add_argument("--list", action="store_true", help="print the benches and their parameters")
+    parser.add_argument(
+        "--take",
+        type=_taken,
+        action="append",
+        default=[],
+        metavar="NAME=SUMMARY.json",
+        help="put in the summary a bench wrote when run alone (`--summary-json`) instead of running it, for "
+        "a long bench measured at another time (repeatable; without --only nothing else is run)",
+    )
     return parser.parse_args(argv)
+
+
+def _taken(text: str) -> tuple[str, Path]:
+    name, _, path = text.partition("=")
+    if not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=SUMMARY.json, got {text!r}")
+    _names(name)
+    return name, Path(path)
+
+
+def taken_section(bench: Bench, path: Path, run_id: str) -> Section:
+    """The section of a summary `bench` wrote when run alone; failed if the summary cannot be used. Its
+    load averages are the report's (the bench's own were not recorded)."""
+    summary, problem = _summary(bench, path)
+    load = load_average()
+    took = 0.0 if summary is None else (summary.finished - summary.started).total_seconds()
+    return Section(
+        bench=bench.name,
+        run=run_id,
+        status="failed" if summary is None else "ok",
+        command=bench.command if summary is None else summary.command,
+        seconds=took,
+        load_before=load,
+        load_after=load,
+        summary=summary,
+        problem=problem,
+    )
 
 
 def _names(text: str) -> set[str]:
