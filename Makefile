@@ -34,7 +34,7 @@ unit: $(BIN)/warmplane promtool
 integration: $(BIN)/warmplane vllm browser
 	$(BIN)/pytest -q tests/integration
 
-# Every kept benchmark into bench/RESULTS.md (about two hours on 2 cores); `make bench ONLY=epoch,gateway`
+# Every kept benchmark into bench/RESULTS.md (about two and a half hours on 2 cores); `make bench ONLY=epoch,gateway`
 # runs some again and replaces only their sections.
 bench: $(BIN)/warmplane vllm
 	$(BIN)/pip install --quiet -e '.[bench]'

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
-from bench.report import BENCHES
+from bench.report import BENCHES, taken_section
 from bench.report_document import Machine, Results, Run, Section, decode_results, encode_results, merge
 from bench.report_markdown import LOG_LINES, number, render
-from bench.summary import Figure, Summary, Table
+from bench.summary import Figure, Summary, Table, write_summary
 
 REGISTRY = [("ingest", "Ingestion"), ("epoch", "Epochs"), ("gateway", "Gateway"), ("scaleup", "Scale-up")]
 MACHINE = Machine(cpu="Test CPU @ 2 GHz", cores=2, memory_gib=23.4, python="3.11.7", system="Linux 6 x86_64")
@@ -177,3 +178,19 @@ def test_the_registry_holds_every_kept_bench_once_and_each_module_exists() -> No
 
 def _section(text: str, bench: str) -> str:
     return text.split(f'<a id="bench-{bench}"></a>\n', 1)[1].split("<a id=", 1)[0]
+
+
+def test_a_taken_summary_becomes_its_benchs_section_and_a_foreign_one_fails(tmp_path: Path) -> None:
+    scaleup = next(bench for bench in BENCHES if bench.name == "scaleup")
+    summary = ok("scaleup", T0).summary
+    assert summary is not None
+    path = tmp_path / "scaleup.json"
+    write_summary(summary, path)
+
+    section = taken_section(scaleup, path, "run-1")
+
+    assert (section.status, section.summary, section.command) == ("ok", summary, summary.command)
+    assert section.seconds == 60.0  # the bench's own start to finish
+    write_summary(ok("ingest", T0).summary or summary, path)
+    assert taken_section(scaleup, path, "run-1").problem == "its summary names bench 'ingest', not 'scaleup'"
+    assert taken_section(scaleup, tmp_path / "none.json", "run-1").status == "failed"
