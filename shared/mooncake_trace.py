@@ -33,9 +33,12 @@ class TraceRequest(msgspec.Struct, frozen=True):
     hash_ids: list[int]
 
 
-def read_trace(path: Path, limit: int | None = None) -> Iterator[TraceRequest]:
-    """The requests of the trace at `path`, in file order; raises `ValueError` naming a bad line."""
+def read_trace(path: Path, limit: int | None = None, *, ordered: bool = False) -> Iterator[TraceRequest]:
+    """The requests of the trace at `path`, in file order (requests without hash ids left out); raises
+    `ValueError` naming a line that is not a request, or with `ordered`, one whose timestamp is earlier than
+    the line before it (a replay in real time needs the trace in time order)."""
     decoder = msgspec.json.Decoder(TraceRequest)
+    latest = None
     with path.open("rb") as lines:
         for number, line in enumerate(lines, start=1):
             if limit is not None and number > limit:
@@ -46,6 +49,12 @@ def read_trace(path: Path, limit: int | None = None) -> Iterator[TraceRequest]:
                 request = decoder.decode(line)
             except msgspec.DecodeError as exc:
                 raise ValueError(f"{path}:{number}: not a Mooncake trace line: {exc}") from None
+            if ordered and latest is not None and request.timestamp < latest:
+                raise ValueError(
+                    f"{path}:{number}: timestamp {request.timestamp} is earlier than the line before "
+                    f"({latest}); the replay needs the trace in time order"
+                )
+            latest = request.timestamp
             if request.hash_ids:
                 yield request
 

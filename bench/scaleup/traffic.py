@@ -23,9 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
-
-from warmplane.shared.mooncake_trace import TRACE_BLOCK_TOKENS, TraceRequest
+from warmplane.shared.mooncake_trace import TRACE_BLOCK_TOKENS, TraceRequest, read_trace
 
 _WORD = re.compile(r"^Ġ[a-z]{3,9}$")
 """A byte-level BPE vocabulary entry that is one lowercase word with its leading space."""
@@ -48,28 +46,14 @@ class ChatRequest:
 
 
 def read_ordered_trace(path: Path) -> list[TraceRequest]:
-    """Every request of the trace at `path`; raises `TraceError` naming the line of a request with a
-    missing or ill-typed field, no hash ids, or a timestamp earlier than the line before it."""
-    decoder = msgspec.json.Decoder(TraceRequest)
-    requests: list[TraceRequest] = []
-    with path.open("rb") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                request = decoder.decode(line)
-            except msgspec.DecodeError as exc:
-                raise TraceError(f"{path}:{number}: not a Mooncake trace request: {exc}") from None
-            if not request.hash_ids:
-                raise TraceError(f"{path}:{number}: a request with no hash_ids has no prefix chain")
-            if requests and request.timestamp < requests[-1].timestamp:
-                raise TraceError(
-                    f"{path}:{number}: timestamp {request.timestamp} is earlier than the line before "
-                    f"({requests[-1].timestamp}); the replay needs the trace in time order"
-                )
-            requests.append(request)
+    """Every request of the trace at `path` that has hash ids; raises `TraceError` naming the line of a
+    request with a missing or ill-typed field, or a timestamp earlier than the line before it."""
+    try:
+        requests = list(read_trace(path, ordered=True))
+    except ValueError as exc:
+        raise TraceError(str(exc)) from None
     if not requests:
-        raise TraceError(f"{path}: no requests")
+        raise TraceError(f"{path}: no requests with hash ids")
     return requests
 
 

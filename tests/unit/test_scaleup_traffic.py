@@ -43,7 +43,7 @@ def test_a_trace_out_of_time_order_is_refused_naming_its_line(tmp_path: Path) ->
 
 def test_a_trace_line_missing_a_field_is_refused_naming_its_line(tmp_path: Path) -> None:
     path = _trace(tmp_path, ['{"timestamp": 1, "input_length": 600, "hash_ids": [1]}'])
-    with pytest.raises(TraceError, match=r"trace.jsonl:1: not a Mooncake trace request.*output_length"):
+    with pytest.raises(TraceError, match=r"trace.jsonl:1: not a Mooncake trace line.*output_length"):
         read_ordered_trace(path)
 
 
