@@ -117,7 +117,7 @@ def _arms(names: list[str], args: argparse.Namespace) -> list[Arm]:
 
 def _report(kept: Kept, recorder: SummaryRecorder) -> str:
     by_arm, runs = summarise(kept.records)
-    target_table, _ = targets(by_arm)
+    target_table = targets(by_arm)
     recorder.runs = max(runs.values(), default=1)
     for name, value, base_name, base in headline(by_arm):
         recorder.figure(name, value, "s", baseline=(base_name, base))
@@ -143,7 +143,7 @@ async def _measure(args: argparse.Namespace, arms: list[Arm], stamp: Path, comma
         raise SystemExit(f"bench.scaleup: {exc}") from None
     model_dir = args.model_dir or await asyncio.to_thread(ensure_smollm2)
     words = vocabulary_words(model_dir / "tokenizer.json")
-    settings = RunSettings(before_s=args.before_s, after_s=args.after_s, kv_cache_gib=args.kv_cache_gib)
+    settings = RunSettings(before_s=args.before_s, kv_cache_gib=args.kv_cache_gib)
     duration = args.before_s + args.after_s
     if args.sample is None:
         everything = replay_requests(trace, words, Slice(args.offset_s, duration, sample=1.0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.scaleup.figures import RunRecord, medians, ratio, run_figures, timeline
@@ -52,30 +53,47 @@ def table(by_arm: Mapping[str, Mapping[str, float]], runs: Mapping[str, int]) ->
     return head + "\n".join(rows) + "\n"
 
 
-def targets(by_arm: Mapping[str, Mapping[str, float]]) -> tuple[str, list[tuple[str, float, float]]]:
-    """The targets table, and (what, ratio, target) for each target both of whose arms ran."""
+@dataclass(frozen=True, slots=True)
+class Compared:
+    """One target's two figures, from arms measured in the same run."""
+
+    what: str
+    name: str
+    value: float
+    baseline_name: str
+    baseline: float
+    target: float
+
+
+def compared(by_arm: Mapping[str, Mapping[str, float]]) -> list[Compared]:
+    """Each target both of whose arms ran."""
+    return [
+        Compared(
+            what, f"{num_arm}: {num}", by_arm[num_arm][num], f"{den_arm}: {den}", by_arm[den_arm][den], target
+        )
+        for what, num_arm, num, den_arm, den, target in TARGETS
+        if num_arm in by_arm and den_arm in by_arm
+    ]
+
+
+def targets(by_arm: Mapping[str, Mapping[str, float]]) -> str:
+    """The targets table: each ratio, its target, and whether it is met."""
     lines = ["| ratio | measured | target | met |", "|---|---:|---:|---|"]
-    measured = []
-    for what, num_arm, num, den_arm, den, target in TARGETS:
-        if num_arm not in by_arm or den_arm not in by_arm:
-            continue
-        value = ratio(by_arm[num_arm][num], by_arm[den_arm][den])
-        met = "–" if math.isnan(value) else ("yes" if value <= target else "no")
-        lines.append(f"| {what} | {value:.2f} | ≤ {target:.2f} | {met} |")
-        measured.append((what, value, target))
-    return "\n".join(lines) + "\n", measured
+    for c in compared(by_arm):
+        value = ratio(c.value, c.baseline)
+        met = "–" if math.isnan(value) else ("yes" if value <= c.target else "no")
+        lines.append(f"| {c.what} | {value:.2f} | ≤ {c.target:.2f} | {met} |")
+    return "\n".join(lines) + "\n"
 
 
 def headline(by_arm: Mapping[str, Mapping[str, float]]) -> list[tuple[str, float, str, float]]:
-    """The figures `bench.report` puts in its headline table: (name, seconds, baseline name, seconds), each
-    measured in the same run as its baseline; figures with an empty window are left out."""
-    out = []
-    for what, num_arm, num, den_arm, den, _target in TARGETS:
-        if num_arm in by_arm and den_arm in by_arm:
-            value, base = by_arm[num_arm][num], by_arm[den_arm][den]
-            if not (math.isnan(value) or math.isnan(base)) and base:
-                out.append((f"{num_arm}: {num}", value, f"{den_arm}: {den} ({what})", base))
-    return out
+    """The figures `bench.report` puts in its headline table: (name, seconds, baseline name, seconds);
+    figures with an empty window are left out."""
+    return [
+        (c.name, c.value, f"{c.baseline_name} ({c.what})", c.baseline)
+        for c in compared(by_arm)
+        if not math.isnan(ratio(c.value, c.baseline))
+    ]
 
 
 def summarise(records: Sequence[RunRecord]) -> tuple[dict[str, dict[str, float]], dict[str, int]]:

