@@ -51,6 +51,7 @@ class ApiOptions(BaseModel):
 
     http_host: str = "0.0.0.0"  # noqa: S104 - platform teams and CI reach the API from outside its pod
     http_port: Annotated[int, Field(ge=0, le=65_535)] = 8070
+    """`/v1/...` (OpenAPI at `/openapi.json`, `/docs`), `/status`, `/healthz`, `/readyz`, `/metrics`."""
     default_window_s: Annotated[int, Field(ge=60, le=30 * 86_400)] = 3_600
     """The time window a figure covers when the request names none."""
     health_refresh_s: Annotated[float, Field(gt=0)] = 15.0
@@ -62,6 +63,8 @@ class ApiOptions(BaseModel):
 class ApiSettings(WarmplaneSettings):
     api: ApiOptions = ApiOptions()
     api_tokens: list[ApiToken] = Field(default_factory=list)
+    """JSON list of `{"name", "token", "role"[, "tenant"]}`; roles `admin` (all, and actions), `reader` (every
+    tenant, no payloads), `tenant` (that tenant only); tokens are secrets, at least 16 characters."""
 
     @field_validator("api_tokens")
     @classmethod
