@@ -36,11 +36,13 @@ class RoutingSettings(BaseModel):
     """The chain element requests are routed by (0: the root; the last one for a shorter chain), as the
     planner's `RoutingShare(routing_depth=...)` assumes. Deeper spreads traffic sharing a system prompt."""
     vnodes: Annotated[int, Field(ge=1, le=4096)] = 128
+    """Points each replica has on the ring (the planner's must match)."""
     load_factor: Annotated[float, Field(ge=1)] = 1.25
     """A replica takes at most this times its weighted share of the requests in flight."""
     ramp_s: Annotated[float, Field(ge=0)] = 60.0
     """A replica that just turned ready grows from `ramp_min_weight` to full weight over this long."""
     ramp_min_weight: Annotated[float, Field(gt=0, le=1)] = 0.1
+    """The ring weight a replica that just turned ready starts at."""
     eject_s: Seconds = 30.0
     """A replica that failed a connection or died mid-stream is left out this long, or until it
     reports ready again."""
@@ -73,12 +75,14 @@ class GatewayOptions(BaseModel):
     instance: Name = "gateway"
     """This instance's name: its lifecycle consumer group is `<group_id_prefix>-<instance>`."""
     group_id_prefix: Name = "warmplane-gateway"
+    """The lifecycle follower's consumer group is `<prefix>-<instance>` (never committed)."""
     catch_up_timeout_s: Seconds = 30.0
     """At start, how long to wait for the lifecycle topic to be read to its end before serving."""
     registry_seed: bool = True
     """At start, read ready replicas and epochs from the planner's Postgres (`WARMPLANE_POSTGRES__URL`)
     before the lifecycle topic, which keeps events only for its retention."""
     registry_timeout_s: Seconds = 10.0
+    """How long start-up may spend seeding replicas and epochs from the planner's tables."""
 
 
 class ResultCacheSettings(BaseModel):
@@ -94,9 +98,11 @@ class ResultCacheSettings(BaseModel):
     alike. Off by default: the built-in embedding compares characters, not meaning, and a near-identical
     query can still ask something else ("... in France?" / "... in Francia?")."""
     similarity: Annotated[float, Field(gt=0, le=1)] = 0.95
+    """Least cosine similarity for a semantic hit."""
     ttl_s: Seconds = 3600.0
     """How long an answer is kept: bounds both its staleness within an epoch and the stores' size."""
     max_answer_bytes: Annotated[int, Field(ge=1)] = 256 * 1024
+    """Larger answers are not kept."""
     max_query_chars: Annotated[int, Field(ge=1)] = 4096
     """Longer queries are matched exactly only (the embedding's cost grows with the text)."""
     lookup_timeout_s: Seconds = 0.05
@@ -106,6 +112,7 @@ class ResultCacheSettings(BaseModel):
     sweep_s: Seconds = 60.0
     """How often expired query vectors are deleted from Postgres."""
     embedding_dimensions: Annotated[int, Field(ge=8, le=4096)] = 256
+    """Dimensions of the built-in embedding (a change starts a new vector space)."""
 
 
 class GatewaySettings(WarmplaneSettings):
