@@ -112,7 +112,7 @@ def _docstrings(klass: type) -> dict[str, str]:
 def _comments(lines: list[str], first: int, end: int) -> str:
     """The comment lines right above line index `first`, else the comment that ends line `end` (not a
     linter's `noqa`)."""
-    above = []
+    above: list[str] = []
     index = first - 1
     while index >= 0 and lines[index].strip().startswith("#"):
         above.insert(0, lines[index].strip().lstrip("#").strip())
