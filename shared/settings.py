@@ -94,17 +94,24 @@ class RedisSettings(BaseModel):
 
 
 class WarmplaneSettings(BaseSettings):
-    """The base of every service's settings: the parts all of them reach."""
+    """The base of every service's settings: the broker all of them reach, and logging. A service
+    declares only the parts it uses (`DatabaseSettings`, a Redis of its own), so its settings, and the
+    reference generated from them (`docs/settings.md`), list nothing it ignores."""
 
     model_config = SettingsConfigDict(
         env_prefix="WARMPLANE_", env_nested_delimiter="__", extra="forbid", validate_default=True
     )
 
     kafka: KafkaSettings = KafkaSettings()
-    postgres: PostgresSettings = PostgresSettings()
-    redis: RedisSettings = RedisSettings()
     log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
     """DEBUG, INFO, WARNING or ERROR."""
+
+
+class DatabaseSettings(WarmplaneSettings):
+    """The settings of a service that reads or writes Warmplane's Postgres (the planner, the API, the
+    gateway's registry seed, `warmplane migrate`)."""
+
+    postgres: PostgresSettings = PostgresSettings()
 
 
 class SettingsError(SystemExit):

@@ -14,7 +14,7 @@ from typing import Annotated, Self
 
 from pydantic import BaseModel, Field, SecretStr, model_validator
 
-from warmplane.shared.settings import EmitterSettings, WarmplaneSettings
+from warmplane.shared.settings import DatabaseSettings, EmitterSettings, RedisSettings
 
 Seconds = Annotated[float, Field(gt=0)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
@@ -115,7 +115,7 @@ class ResultCacheSettings(BaseModel):
     """Dimensions of the built-in embedding (a change starts a new vector space)."""
 
 
-class GatewaySettings(WarmplaneSettings):
+class GatewaySettings(DatabaseSettings):
     api_keys: dict[str, list[SecretStr]] = Field(default_factory=dict)
     """Each tenant's API keys (secrets: never logged)."""
     tenant_secrets: dict[str, SecretStr] = Field(default_factory=dict)
@@ -125,6 +125,8 @@ class GatewaySettings(WarmplaneSettings):
     gateway: GatewayOptions = GatewayOptions()
     routing: RoutingSettings = RoutingSettings()
     result_cache: ResultCacheSettings = ResultCacheSettings()
+    redis: RedisSettings = RedisSettings()
+    """The result cache's exact answers (read only when `WARMPLANE_RESULT_CACHE__ENABLED`)."""
     emitter: EmitterSettings = EmitterSettings(client_id="warmplane-gateway", linger_ms=50.0)
     """Events linger up to 50 ms for companions (the emitter's default is 5): at tens of requests a
     second that is one produce request per several requests, not one each, on the serving loop."""

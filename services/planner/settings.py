@@ -7,7 +7,7 @@ from typing import Annotated, Self
 from pydantic import BaseModel, Field, model_validator
 
 from warmplane.services.planner.policy import PolicyKnobs
-from warmplane.shared.settings import WarmplaneSettings
+from warmplane.shared.settings import DatabaseSettings
 
 _KNOBS = PolicyKnobs()
 """The policy's defaults, which the trace evaluator measures too."""
@@ -160,7 +160,7 @@ class ColdStartSettings(BaseModel):
         return self
 
 
-class PlannerSettings(WarmplaneSettings):
+class PlannerSettings(DatabaseSettings):
     ingest: IngestSettings = IngestSettings()
     plans: PlanSettings = PlanSettings()
     routing: RingSettings = RingSettings()
