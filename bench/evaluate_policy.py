@@ -36,7 +36,7 @@ from warmplane.services.planner.trace_eval.fleet_sim import load_requests
 from warmplane.services.planner.trace_eval.params import EvalParams
 from warmplane.services.planner.trace_eval.report import NOTES, policy_table, render, setting, targets
 from warmplane.shared.mooncake_trace import TRACE_BLOCK_TOKENS
-from warmplane.shared.traces import shipped_traces
+from warmplane.shared.traces import evaluated_traces
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -48,7 +48,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--trace",
         type=Path,
         action="append",
-        help="Mooncake JSONL (repeatable; default: the two traces shipped in warmplane.shared.traces)",
+        help="Mooncake JSONL (repeatable; default: the traces shipped in warmplane.shared.traces, the"
+        " recorded two and the generated RAG shape)",
     )
     parser.add_argument(
         "--block-tokens", type=int, default=defaults.block_tokens, help="tokens per hash id (the traces: 512)"
@@ -161,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:
         print(f"bench.evaluate_policy: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    traces = args.trace or shipped_traces()
+    traces = args.trace or evaluated_traces()
     recorder = SummaryRecorder(
         bench="evaluate_policy",
         title="Warm-set policies on recorded traces: what a replica joining mid-trace gains from each",
