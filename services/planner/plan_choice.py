@@ -3,11 +3,13 @@ the pure policy's (`policy.trie_from_counts`, `policy.choose_for_replicas`).
 
 For a model (and, for an epoch bump, one tenant of it), the trie is built once from the stored counts of the
 last `window_hours`, decayed to now with `half_life_s` and with `frequency_half_life_s` (a rate is the mean of
-the two estimates); then, per replica, the selection keeps the prefixes the gateway's ring sends to it among
-the model's live replicas (the replica included), within the budget
-(settings, capped by its KV capacity), minus what it already holds (`PgPlanStore.held`: its warmer's
-residency report on its latest start and the plans verified after it, or without a report the items of its
-verified plans since that start), in their tenant's current epoch. Only catalogued prefixes can be warmed (a
+the two estimates), and the map from score to reuse is fitted on the same counts (`policy.fit_calibration`:
+scored at now minus the ramp window, against what was used since); then, per replica, the selection keeps
+the prefixes the gateway's ring sends to it among the model's live replicas (the replica included), whose
+calibrated probability of reuse is at least `min_reuse_probability`, within the budget (settings, capped
+by its KV capacity), minus what it already holds (`PgPlanStore.held`: its warmer's residency report on its
+latest start and the plans verified after it, or without a report the items of its verified plans since
+that start), in their tenant's current epoch. Only catalogued prefixes can be warmed (a
 payload renders them and their chain). Items name their tenant, prompt revision and current epoch.
 """
 
@@ -28,10 +30,12 @@ from warmplane.services.planner.policy import (
     LeafCount,
     PolicyKnobs,
     PrefixTrie,
+    ReuseCalibration,
     RingSpec,
     StoredPrefix,
     WarmBudget,
     choose_for_replicas,
+    fit_calibration,
     trie_from_counts,
 )
 from warmplane.services.planner.settings import PlanSettings, RingSettings
@@ -162,6 +166,7 @@ class WarmSetChooser:
             resident=resident,
             renderable=view.stats.renderable,
             max_items=self._settings.max_items,
+            calibration=view.stats.calibration,
         )
         chosen = {
             replica: ([b.prefix_id for b in blocks if b.prefix_id in view.stats.renderable], limit)
@@ -207,21 +212,24 @@ class WarmSetChooser:
         names = await self._store.scope_names(sorted({scope for scope, _ in stats.prefixes}))
         scope_of = _scopes_by_prefix(stats, names, tenant)
         half = self._bucket_seconds / 2
+        prefixes = [prefix for scope, prefix in stats.prefixes if scope_of.get(prefix.prefix_id) == scope]
+        counts = [
+            LeafCount(leaf, bucket * self._bucket_seconds + half, requests)
+            for scope, leaf, bucket, requests in stats.counts
+            if scope_of.get(leaf) == scope
+        ]
         trie, left_out = trie_from_counts(
-            [prefix for scope, prefix in stats.prefixes if scope_of.get(prefix.prefix_id) == scope],
-            [
-                LeafCount(leaf, bucket * self._bucket_seconds + half, requests)
-                for scope, leaf, bucket, requests in stats.counts
-                if scope_of.get(leaf) == scope
-            ],
+            prefixes,
+            counts,
             now.timestamp(),
             self._settings.half_life_s,
             self._settings.frequency_half_life_s,
         )
         if left_out:
             log.warning("%d leaves of %s left out of the trie (unknown chain or bad tokens)", left_out, model)
+        calibration = fit_calibration(prefixes, counts, now.timestamp(), self._knobs)
         renderable = {prefix for prefix, scope in scope_of.items() if (scope, prefix) in stats.catalogued}
-        read = _Statistics(now, trie, scope_of, names, renderable)
+        read = _Statistics(now, trie, scope_of, names, renderable, calibration)
         if max_age:
             self._kept[key] = read
             if len(self._kept) > _STATISTICS_KEPT:
@@ -238,6 +246,8 @@ class _Statistics:
     scope_of: dict[int, int]
     names: dict[int, tuple[str, str]]
     renderable: set[int]
+    calibration: ReuseCalibration
+    """Score to observed reuse on these counts (`policy.fit_calibration`), or the prior."""
 
 
 @dataclass(frozen=True, slots=True)

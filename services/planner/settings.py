@@ -82,7 +82,9 @@ class PlanSettings(BaseModel):
     ramp_window_s: Annotated[float, Field(gt=0)] = _KNOBS.ramp_window_s
     """A warm block pays when it is used at least once in this long after the replica starts."""
     min_reuse_probability: Annotated[float, Field(ge=0, le=1)] = _KNOBS.min_reuse_probability
-    """Blocks less likely than this to be used in the ramp window are not warmed for themselves."""
+    """Blocks less likely than this to be used in the ramp window (calibrated on the model's own history:
+    `policy.fit_calibration`) are not warmed for themselves: the least expected saved prefill per warmed
+    token. The policy's one spend knob (measured: `python -m bench.evaluate_policy`, which sweeps it)."""
     max_items: Annotated[int, Field(gt=0, le=100_000)] = 256
     deadline_s: Annotated[float, Field(gt=0)] = 120.0
     """How long after issuing the warmer has to carry the plan out."""

@@ -52,7 +52,10 @@ def issuer(
     **plans: object,
 ) -> PlanIssuer:
     """An issuer whose clock reads `clock[0]` (NOW if not given): a test moves time by replacing it. Its
-    counts decay with one half-life of 600 s (these tests are about issuing; the knobs have their own)."""
+    counts decay with one half-life of 600 s (these tests are about issuing; the knobs have their own).
+    Their few prefixes are too little history to fit a calibration, so scores go through the prior (a
+    quarter of the Poisson chance): at a least probability of 0.1, one request in the window is not
+    enough and three are."""
     now = clock if clock is not None else [NOW]
     settings = PlanSettings.model_validate(
         {
@@ -61,6 +64,7 @@ def issuer(
             "window_hours": 2,
             "half_life_s": 600,
             "frequency_half_life_s": None,
+            "min_reuse_probability": 0.1,
             **plans,
         }
     )
