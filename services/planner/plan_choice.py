@@ -27,6 +27,7 @@ import msgspec
 
 from warmplane.services.planner.core.simple_plan import NodeKey
 from warmplane.services.planner.policy import (
+    EmptyReason,
     LeafCount,
     PolicyKnobs,
     PrefixTrie,
@@ -34,7 +35,10 @@ from warmplane.services.planner.policy import (
     RingSpec,
     StoredPrefix,
     WarmBudget,
+    WarmDecision,
+    WarmThresholds,
     choose_for_replicas,
+    decide_warm,
     fit_calibration,
     trie_from_counts,
 )
@@ -84,10 +88,13 @@ class HeldItem:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """A plan's items, most valuable first (ancestors before descendants), and its token limit."""
+    """A plan's items, most valuable first (ancestors before descendants), and its token limit; when the
+    policy judged warming not worth it (`policy.decide_warm`), no items, the reason and its one line."""
 
     items: list[WarmItem]
     budget_tokens: int
+    empty_reason: EmptyReason | None = None
+    empty_message: str | None = None
 
 
 class ChoiceStore(Protocol):
@@ -123,6 +130,12 @@ class WarmSetChooser:
             settings.ramp_window_s,
             settings.min_reuse_probability,
             settings.capacity_fraction,
+        )
+        self._thresholds = WarmThresholds(
+            settings.min_expected_saved_tokens,
+            settings.deadline_s,
+            settings.prefill_tokens_per_s,
+            settings.min_reuse_probability,
         )
         self._budget = WarmBudget(
             settings.budget_tokens, settings.warm_seconds, settings.prefill_tokens_per_s
@@ -168,15 +181,29 @@ class WarmSetChooser:
             max_items=self._settings.max_items,
             calibration=view.stats.calibration,
         )
+        decisions = {
+            replica: decide_warm(model, blocks, self._thresholds)
+            if replica not in holding_nothing  # a requested re-warm warms whatever it is worth
+            else WarmDecision(blocks, None, None)
+            for replica, (blocks, _) in selected.items()
+        }
         chosen = {
-            replica: ([b.prefix_id for b in blocks if b.prefix_id in view.stats.renderable], limit)
-            for replica, (blocks, limit) in selected.items()
+            replica: (
+                [b.prefix_id for b in decisions[replica].items if b.prefix_id in view.stats.renderable],
+                limit,
+            )
+            for replica, (_, limit) in selected.items()
         }
         payloads = await self._store.payloads(
             sorted({(view.stats.scope_of[p], p) for ids, _ in chosen.values() for p in ids})
         )
         return {
-            replica: Choice(fit_items(view.items(ids, payloads), self._max_item_bytes), limit)
+            replica: Choice(
+                fit_items(view.items(ids, payloads), self._max_item_bytes),
+                limit,
+                decisions[replica].reason,
+                decisions[replica].message,
+            )
             for replica, (ids, limit) in chosen.items()
         }
 

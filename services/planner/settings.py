@@ -85,6 +85,11 @@ class PlanSettings(BaseModel):
     """Blocks less likely than this to be used in the ramp window (calibrated on the model's own history:
     `policy.fit_calibration`) are not warmed for themselves: the least expected saved prefill per warmed
     token. The policy's one spend knob (measured: `python -m bench.evaluate_policy`, which sweeps it)."""
+    min_expected_saved_tokens: Annotated[int, Field(ge=0)] = 256
+    """A plan whose expected saved prefill (each item's tokens times its calibrated chance of reuse) is
+    below this is issued empty, with its reason, and the replica turns ready at once: a plan holds
+    readiness back whatever its size. So is one that would take longer than `deadline_s` at
+    `prefill_tokens_per_s` (when that is known)."""
     max_items: Annotated[int, Field(gt=0, le=100_000)] = 256
     deadline_s: Annotated[float, Field(gt=0)] = 120.0
     """How long after issuing the warmer has to carry the plan out."""

@@ -65,6 +65,7 @@ def issuer(
             "half_life_s": 600,
             "frequency_half_life_s": None,
             "min_reuse_probability": 0.1,
+            "min_expected_saved_tokens": 0,  # prefixes of 100 tokens: no floor on a plan's saving
             **plans,
         }
     )

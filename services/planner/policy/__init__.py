@@ -4,7 +4,8 @@
 chooses, for one replica, the prefixes worth pre-filling by marginal gain under a `WarmBudget`, restricted
 to the replica's `RoutingShare` of the gateway's hash ring (`select_warm_sets`: many replicas in one pass).
 `trie_from_counts`, `fit_calibration` (score to observed reuse, backtested on the same counts) and
-`choose_for_replicas` are the one path from stored counts to replicas' warm sets,
+`choose_for_replicas` are the one path from stored counts to replicas' warm sets, and `decide_warm` says
+when a set is not worth warming at all,
 the planner's and the trace evaluator's. Every
 call is handed `now` (seconds, any epoch, as long as one trie sees one clock). An import contract in CI
 keeps this package free of I/O.
@@ -31,6 +32,13 @@ from warmplane.services.planner.policy.replica_plan import (
     trie_from_counts,
 )
 from warmplane.services.planner.policy.routing_share import RoutingShare
+from warmplane.services.planner.policy.warm_decision import (
+    EmptyReason,
+    WarmDecision,
+    WarmThresholds,
+    decide_warm,
+    expected_saved_tokens,
+)
 from warmplane.services.planner.policy.warm_set import (
     WarmItem,
     candidate_probabilities,
@@ -42,6 +50,7 @@ from warmplane.services.planner.policy.warm_set import (
 __all__ = [
     "PRIOR",
     "BudgetTier",
+    "EmptyReason",
     "LeafCount",
     "PolicyKnobs",
     "PrefixTrie",
@@ -52,11 +61,15 @@ __all__ = [
     "StoredPrefix",
     "TrieNode",
     "WarmBudget",
+    "WarmDecision",
     "WarmItem",
+    "WarmThresholds",
     "calibration_gap",
     "candidate_probabilities",
     "choose_for_replica",
     "choose_for_replicas",
+    "decide_warm",
+    "expected_saved_tokens",
     "fit_calibration",
     "fit_isotonic",
     "kv_prefix_seconds",
