@@ -101,6 +101,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--min-reuse", type=float, default=defaults.min_reuse, help="warmplane: least reuse probability"
     )
     parser.add_argument(
+        "--min-saved-tokens",
+        type=int,
+        default=defaults.min_saved_tokens,
+        help="warmplane: a plan expected to save less prefill than this is issued empty",
+    )
+    parser.add_argument(
         "--bucket-seconds",
         type=int,
         default=defaults.bucket_seconds,
@@ -125,6 +131,7 @@ def params_from(args: argparse.Namespace) -> EvalParams:
         frequency_half_life=args.frequency_half_life,
         ramp_window=args.ramp_window,
         min_reuse=args.min_reuse,
+        min_saved_tokens=args.min_saved_tokens,
         bucket_seconds=args.bucket_seconds,
     )
 

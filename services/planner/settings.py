@@ -85,7 +85,7 @@ class PlanSettings(BaseModel):
     """Blocks less likely than this to be used in the ramp window (calibrated on the model's own history:
     `policy.fit_calibration`) are not warmed for themselves: the least expected saved prefill per warmed
     token. The policy's one spend knob (measured: `python -m bench.evaluate_policy`, which sweeps it)."""
-    min_expected_saved_tokens: Annotated[int, Field(ge=0)] = 256
+    min_expected_saved_tokens: Annotated[int, Field(ge=0)] = _KNOBS.min_expected_saved_tokens
     """A plan whose expected saved prefill (each item's tokens times its calibrated chance of reuse) is
     below this is issued empty, with its reason, and the replica turns ready at once: a plan holds
     readiness back whatever its size. So is one that would take longer than `deadline_s` at

@@ -59,6 +59,8 @@ class PolicyKnobs:
     ramp_window_s: float = 300.0
     min_reuse_probability: float = 0.05
     capacity_fraction: float = 0.5
+    min_expected_saved_tokens: int = 256
+    """`decide_warm`'s floor: a plan expected to save less prefill than this is issued empty."""
 
 
 def trie_from_counts(

@@ -35,6 +35,7 @@ from warmplane.services.planner.trace_eval.policies import (
     WarmBlocks,
     planner_view,
     warm_cache,
+    warmplane_decision,
 )
 from warmplane.shared.hash_ring import HashRing
 
@@ -84,6 +85,8 @@ class TraceResult:
     calibration_gap: float
     calibration: str
     """How the planner's map was fitted at the join: on how many prefixes, or the prior."""
+    empty_plan: str | None
+    """The planner's one line when it would issue the newcomer an empty plan ("warming buys little ...")."""
 
     def by_policy(self, policy: str) -> Outcome:
         """The outcome of `policy`; raises `KeyError` for a policy not run."""
@@ -137,7 +140,7 @@ def evaluate(name: str, requests: Sequence[Request], params: EvalParams) -> Trac
     )
     history = [r for r in keyed if r.t < join_t]
     view = planner_view(history, join_t, after, depth, params)
-    setup = Setup(history, join_t, before, after, depth, donor_recent, params, view)
+    setup = Setup(history, join_t, before, after, depth, donor_recent, params, view, name)
     outcomes: list[Outcome] = []
     unwarmed: list[Served] = []
     for policy, choose in POLICIES.items():
@@ -150,6 +153,7 @@ def evaluate(name: str, requests: Sequence[Request], params: EvalParams) -> Trac
     ceiling = outcome("(ceiling)", [serve(cache, r, NEW) for r in newcomer], unwarmed, spent, join_t)
     after_join = [s for s in served_old if s.t >= join_t]
     frontier = sweep(setup, newcomer)
+    decision = warmplane_decision(setup, params.min_reuse).message
     rows, gap = reliability_rows(setup, newcomer)
     fitted = view.calibration
     how = (
@@ -177,6 +181,7 @@ def evaluate(name: str, requests: Sequence[Request], params: EvalParams) -> Trac
         rows,
         gap,
         how,
+        decision,
     )
 
 

@@ -9,6 +9,7 @@ path: the history bucketed as the planner stores it, then `policy.trie_from_coun
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -27,7 +28,10 @@ from warmplane.services.planner.policy import (
     RingSpec,
     StoredPrefix,
     WarmBudget,
+    WarmDecision,
+    WarmThresholds,
     choose_for_replica,
+    decide_warm,
     fit_calibration,
     trie_from_counts,
 )
@@ -53,6 +57,8 @@ class Setup:
     donor_recent: WarmBlocks
     params: EvalParams
     planner: PlannerView
+    model: str
+    """What the trace is named by in the planner's one-line reasons."""
 
 
 def seed_replay(setup: Setup) -> WarmBlocks:
@@ -130,6 +136,7 @@ def planner_view(
         params.ramp_window,
         params.min_reuse,
         params.capacity_fraction,
+        params.min_saved_tokens,
     )
     stored = list(prefixes.values())
     trie, _left_out = trie_from_counts(stored, leaves, join_t, knobs.half_life_s, knobs.frequency_half_life_s)
@@ -145,7 +152,13 @@ def planner_view(
 def warmplane_at(setup: Setup, min_reuse: float) -> WarmBlocks:
     """What the planner issues with its least reuse probability at `min_reuse`: `choose_for_replica` on
     the planner's view for the newcomer among the ring's replicas, calibrated, its KV capacity capped at
-    `capacity_fraction`. Every block counts as renderable (the simulation replays blocks, not payloads)."""
+    `capacity_fraction`, then `decide_warm` (no readiness budget: prefill is instantaneous here). Every
+    block counts as renderable (the simulation replays blocks, not payloads)."""
+    return [(item.prefix_id, item.cost_tokens) for item in warmplane_decision(setup, min_reuse).items]
+
+
+def warmplane_decision(setup: Setup, min_reuse: float) -> WarmDecision:
+    """`warmplane_at`'s decision: the items, or none and why."""
     params, view = setup.params, setup.planner
     items, _limit = choose_for_replica(
         view.trie,
@@ -158,7 +171,8 @@ def warmplane_at(setup: Setup, min_reuse: float) -> WarmBlocks:
         knobs=replace(view.knobs, min_reuse_probability=min_reuse),
         calibration=view.calibration,
     )
-    return [(item.prefix_id, item.cost_tokens) for item in items]
+    thresholds = WarmThresholds(view.knobs.min_expected_saved_tokens, math.inf, None, min_reuse)
+    return decide_warm(setup.model, items, thresholds)
 
 
 def warmplane(setup: Setup) -> WarmBlocks:

@@ -107,6 +107,11 @@ def _row(o: Outcome) -> str:
     )
 
 
+def decision_line(result: TraceResult) -> list[str]:
+    """The planner's one line when it would not warm the newcomer, as a list of none or one line."""
+    return [] if result.empty_plan is None else [result.empty_plan, ""]
+
+
 def setting(result: TraceResult) -> str:
     """One sentence on the run: requests, join, routing depth, the newcomer's share and steady state."""
     return (
@@ -129,6 +134,7 @@ def render(result: TraceResult, seconds: float | None = None) -> str:
             "",
             *policy_table(result),
             "",
+            *decision_line(result),
             f"Reliability at the join (the planner's map {result.calibration}):",
             "",
             *reliability_table(result),
