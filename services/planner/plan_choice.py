@@ -2,9 +2,11 @@
 the pure policy's (`policy.trie_from_counts`, `policy.choose_for_replicas`).
 
 For a model (and, for an epoch bump, one tenant of it), the trie is built once from the stored counts of the
-last `window_hours`, decayed to now with `half_life_s` and with `frequency_half_life_s` (a rate is the mean of
-the two estimates), and the map from score to reuse is fitted on the same counts (`policy.fit_calibration`:
-scored at now minus the ramp window, against what was used since); then, per replica, the selection keeps
+last `window_hours` or the weight horizon (`policy.weight_horizon_s`: 12 of the longest half-life, past which
+a count weighs under 2 ** -12), whichever is shorter, decayed to now with `half_life_s` and with
+`frequency_half_life_s` (a rate is the mean of the two estimates), and the map from score to reuse is
+fitted on the same counts (`policy.fit_calibration`: scored at now minus the ramp window, against what was
+used since); then, per replica, the selection keeps
 the prefixes the gateway's ring sends to it among the model's live replicas (the replica included), whose
 calibrated probability of reuse is at least `min_reuse_probability`, within the budget (settings, capped
 by its KV capacity), minus what it already holds (`PgPlanStore.held`: its warmer's residency report on its
@@ -41,6 +43,7 @@ from warmplane.services.planner.policy import (
     decide_warm,
     fit_calibration,
     trie_from_counts,
+    weight_horizon_s,
 )
 from warmplane.services.planner.settings import PlanSettings, RingSettings
 from warmplane.shared.events import PrefixPayload, WarmItem
@@ -234,7 +237,8 @@ class WarmSetChooser:
         if recent_read and kept is not None:
             self._kept.move_to_end(key)
             return kept
-        since = now - timedelta(hours=self._settings.window_hours)
+        horizon = weight_horizon_s(self._settings.half_life_s, self._settings.frequency_half_life_s)
+        since = now - min(timedelta(hours=self._settings.window_hours), timedelta(seconds=horizon))
         stats = await self._store.statistics(model, int(since.timestamp()) // self._bucket_seconds)
         names = await self._store.scope_names(sorted({scope for scope, _ in stats.prefixes}))
         scope_of = _scopes_by_prefix(stats, names, tenant)

@@ -94,7 +94,9 @@ class PlanSettings(BaseModel):
     deadline_s: Annotated[float, Field(gt=0)] = 120.0
     """How long after issuing the warmer has to carry the plan out."""
     window_hours: Hours = 24.0
-    """How far back request counts are read (older buckets have decayed away; this bounds the read)."""
+    """How far back request counts are read at most. A read also stops at the weight horizon, 12 of the
+    longest half-life (`policy.weight_horizon_s`: 2 hours at the defaults), past which counts weigh under
+    2 ** -12: reading 24 hours would read ten times the buckets for the same plans."""
     statistics_max_age_s: Annotated[float, Field(ge=0, le=300)] = 10.0
     """Plans of starting replicas chosen within this long of one read of a model's counts share it (a
     rolling deploy starts replica after replica; each read builds the model's trie); counts younger

@@ -293,3 +293,16 @@ def test_a_re_plan_reads_the_counts_afresh_even_just_after_a_start() -> None:
     assert len(store.asked) == 3
     asyncio.run(run.issue(started("b")))  # a start may use the latest read, the re-plan's
     assert len(store.asked) == 3
+
+
+def test_a_read_stops_where_counts_stop_weighing() -> None:
+    """24 hours allowed, but a count older than 12 half-lives (2 h at 600 s) weighs under 2 ** -12: the
+    read stops there (root 5's 40 requests of 8 hours ago are not read)."""
+    published, metrics = Published(), PlannerMetrics(CollectorRegistry())
+    store = three_tenants()
+    store.live = [live("r", "starting")]
+    plan = asyncio.run(issuer(store, published, metrics, window_hours=24).issue(started("r")))
+    [(_, since_bucket)] = store.asked
+    assert since_bucket == int((NOW - timedelta(hours=2)).timestamp()) // 60
+    assert BUCKET - 500 < since_bucket <= BUCKET
+    assert plan is not None and [item.prefix_id for item in plan.items] == [5]

@@ -30,6 +30,7 @@ from warmplane.services.planner.policy.replica_plan import (
     choose_for_replicas,
     fit_calibration,
     trie_from_counts,
+    weight_horizon_s,
 )
 from warmplane.services.planner.policy.routing_share import RoutingShare
 from warmplane.services.planner.policy.warm_decision import (
@@ -78,4 +79,5 @@ __all__ = [
     "select_warm_set",
     "select_warm_sets",
     "trie_from_counts",
+    "weight_horizon_s",
 ]

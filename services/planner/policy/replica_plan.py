@@ -63,6 +63,17 @@ class PolicyKnobs:
     """`decide_warm`'s floor: a plan expected to save less prefill than this is issued empty."""
 
 
+WEIGHT_HALVINGS = 12
+"""A count older than this many of the longest half-life weighs under 2 ** -12 of a fresh one: a plan's read
+need not reach further back (`weight_horizon_s`)."""
+
+
+def weight_horizon_s(half_life_s: float, frequency_half_life_s: float | None) -> float:
+    """How far back counts still weigh: `WEIGHT_HALVINGS` of the longest half-life (2 hours at the
+    planner's 600 s). A read of older buckets changes no rate by more than 2 ** -12 of what they held."""
+    return WEIGHT_HALVINGS * max(half_life_s, frequency_half_life_s or 0.0)
+
+
 def trie_from_counts(
     prefixes: Iterable[StoredPrefix],
     counts: Iterable[LeafCount],
