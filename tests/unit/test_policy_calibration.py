@@ -15,11 +15,15 @@ from warmplane.services.planner.policy import (
     LeafCount,
     PolicyKnobs,
     ReliabilityRow,
+    RingSpec,
     StoredPrefix,
+    WarmBudget,
     calibration_gap,
+    choose_for_replica,
     fit_calibration,
     fit_isotonic,
     reliability,
+    trie_from_counts,
 )
 from warmplane.services.planner.policy.calibration import PRIOR_DIVISOR
 
@@ -112,3 +116,33 @@ def test_reliability_bins_by_prediction_and_weighs_the_gap_by_blocks() -> None:
     assert math.isclose(calibration_gap(rows), (100 * 0.05 + 10 * 0.05) / 110)
     assert calibration_gap([]) == 0.0
     assert reliability([(1.0, True)])[0].low == 0.9  # 1.0 falls in the last bin
+
+
+def test_a_calibrated_choice_keeps_blocks_by_their_calibrated_probability() -> None:
+    """The least reuse probability applies to the calibrated chance, and items carry it: 1's score (30
+    requests) maps to 1.0, 2's (one request, Poisson 0.29) to 0, below the map's lowest block."""
+    prefixes = [StoredPrefix(1, None, 100), StoredPrefix(2, None, 100)]
+    counts = [LeafCount(1, 0.0, 30), LeafCount(2, 0.0, 1)]
+    trie, _ = trie_from_counts(prefixes, counts, 0.0, 600.0)
+    fitted = fit_isotonic([(0.5, False)] * 50 + [(10.0, True)] * 50, min_samples=10)
+    common = {
+        "replica": "r",
+        "members": ["r"],
+        "ring": RingSpec(),
+        "budget": WarmBudget(tokens=1_000),
+        "kv_capacity_tokens": None,
+        "knobs": PolicyKnobs(half_life_s=600, frequency_half_life_s=None, min_reuse_probability=0.4),
+    }
+    raw, _ = choose_for_replica(trie, 0.0, **common)  # type: ignore[arg-type]
+    calibrated, _ = choose_for_replica(trie, 0.0, calibration=fitted, **common)  # type: ignore[arg-type]
+    assert [item.prefix_id for item in raw] == [1]  # 2: Poisson 0.29 < 0.4
+    assert [item.prefix_id for item in calibrated] == [1]
+    lenient = {
+        **common,
+        "knobs": PolicyKnobs(half_life_s=600, frequency_half_life_s=None, min_reuse_probability=0.2),
+    }
+    assert [i.prefix_id for i in choose_for_replica(trie, 0.0, **lenient)[0]] == [1, 2]  # type: ignore[arg-type]
+    assert [i.prefix_id for i in choose_for_replica(trie, 0.0, calibration=fitted, **lenient)[0]] == [1]  # type: ignore[arg-type]
+    [item] = calibrated
+    assert item.reuse_probability == fitted(trie.rate(1, 0.0) * 300)
+    assert fitted(trie.rate(2, 0.0) * 300) == 0.0
