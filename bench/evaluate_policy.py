@@ -3,7 +3,7 @@ project root:
 
     python -m bench.evaluate_policy [--trace FILE ...] [--block-tokens 512] [--replicas 4] \
         [--capacity-blocks 8000] [--join-at 0.5] [--routing-depth auto] \
-        [--output bench/results/policy_eval.md]
+        [--output bench/results/policy_eval.md] [--plot bench/results/policy_frontier.png]
 
 The evaluator itself is `warmplane.services.planner.trace_eval` (the simulation in its `fleet_sim`, the
 policies in `policies`, the figures in `evaluation`), shared with `warmplane evaluate-traffic`, which runs it
@@ -36,7 +36,7 @@ from warmplane.services.planner.trace_eval.fleet_sim import load_requests
 from warmplane.services.planner.trace_eval.params import EvalParams
 from warmplane.services.planner.trace_eval.report import NOTES, policy_table, render, setting, targets
 from warmplane.shared.mooncake_trace import TRACE_BLOCK_TOKENS
-from warmplane.shared.traces import shipped_traces
+from warmplane.shared.traces import evaluated_traces
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -48,7 +48,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--trace",
         type=Path,
         action="append",
-        help="Mooncake JSONL (repeatable; default: the two traces shipped in warmplane.shared.traces)",
+        help="Mooncake JSONL (repeatable; default: the traces shipped in warmplane.shared.traces, the"
+        " recorded two and the generated RAG shape)",
     )
     parser.add_argument(
         "--block-tokens", type=int, default=defaults.block_tokens, help="tokens per hash id (the traces: 512)"
@@ -100,12 +101,21 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--min-reuse", type=float, default=defaults.min_reuse, help="warmplane: least reuse probability"
     )
     parser.add_argument(
+        "--min-saved-tokens",
+        type=int,
+        default=defaults.min_saved_tokens,
+        help="warmplane: a plan expected to save less prefill than this is issued empty",
+    )
+    parser.add_argument(
         "--bucket-seconds",
         type=int,
         default=defaults.bucket_seconds,
         help="warmplane: statistics bucket, s (the planner's)",
     )
     parser.add_argument("--output", type=Path, help="write the command, parameters and tables here")
+    parser.add_argument(
+        "--plot", type=Path, help="draw the frontiers here (PNG; needs matplotlib, the bench extra)"
+    )
     add_summary_option(parser)
     return parser.parse_args(argv)
 
@@ -124,6 +134,7 @@ def params_from(args: argparse.Namespace) -> EvalParams:
         frequency_half_life=args.frequency_half_life,
         ramp_window=args.ramp_window,
         min_reuse=args.min_reuse,
+        min_saved_tokens=args.min_saved_tokens,
         bucket_seconds=args.bucket_seconds,
     )
 
@@ -142,7 +153,17 @@ def summarise(recorder: SummaryRecorder, results: Sequence[tuple[TraceResult, fl
     for result, seconds in results:
         ours = result.by_policy("warmplane")
         recorder.figure(f"{result.name}: warmplane's first-minute hit ratio", ours.hit_1m, "hit ratio")
-        recorder.figure(f"{result.name}: warmplane's yield (saved / spent)", ours.yield_, "tokens/token")
+        recorder.figure(
+            f"{result.name}: warmplane's first-minute hit ratio over the ceiling's",
+            ours.hit_1m / result.ceiling.hit_1m if result.ceiling.hit_1m else 0.0,
+            "ratio",
+        )
+        recorder.figure(
+            f"{result.name}: warmplane's warm tokens over the ceiling's",
+            ours.spent / result.ceiling.spent if result.ceiling.spent else 0.0,
+            "ratio",
+        )
+        recorder.figure(f"{result.name}: calibration gap", result.calibration_gap, "probability")
         caption = f"{result.name}: {setting(result)}; simulated in {seconds:.1f} s."
         recorder.tables.append(Table(caption=caption, markdown="\n".join(policy_table(result))))
         recorder.notes += [f"{result.name}: {line}" for line in targets(result)]
@@ -161,14 +182,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:
         print(f"bench.evaluate_policy: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    traces = args.trace or shipped_traces()
+    traces = args.trace or evaluated_traces()
     recorder = SummaryRecorder(
         bench="evaluate_policy",
         title="Warm-set policies on recorded traces: what a replica joining mid-trace gains from each",
         module="bench.evaluate_policy",
         argv=argv,
         parameters={
-            **{name: value for name, value in parameters_of(args).items() if name != "output"},
+            **{name: value for name, value in parameters_of(args).items() if name not in ("output", "plot")},
             "trace": [str(path.name) for path in traces],
         },
         runs=1,
@@ -176,6 +197,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     results = [simulate(path, params, args.trace_block_tokens) for path in traces]
     report = "\n".join(render(result, seconds) for result, seconds in results)
     print(report)
+    if args.plot is not None:
+        from bench.frontier_plot import picture
+
+        picture([result for result, _ in results], args.plot)
     summarise(recorder, results)
     recorder.write(args.summary_json)
     if args.output is not None:

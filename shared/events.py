@@ -247,6 +247,9 @@ class WarmPlanIssued(Event, kw_only=True, frozen=True, tag="warm_plan.issued"):
     """The `replica.started` event the plan answers, so a warmer drops one for an earlier start."""
     rewarm: bool = False
     """Warm every item, even those the warmer believes its replica holds (a requested re-warm)."""
+    empty_reason: str | None = None
+    """Why the plan is empty when the planner judged warming not worth it, one line ("warming buys little
+    for model M: ..."); the replica turns ready at once."""
 
 
 class WarmProgressed(Event, kw_only=True, frozen=True, tag="warm.progressed"):

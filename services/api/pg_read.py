@@ -62,7 +62,8 @@ ORDER BY n.tenant, n.prompt_rev, n.epoch
 PLANS = """
 SELECT plan_id, replica_id, node, model, epoch, state, jsonb_array_length(items) AS item_count,
        budget_tokens, deadline, issued_at, published_at, items_done, tokens_prefilled, verified_hits,
-       jsonb_array_length(failures) AS failure_count, finished_at, trigger_event_id
+       jsonb_array_length(failures) AS failure_count, finished_at, trigger_event_id,
+       event->>'empty_reason' AS empty_reason
 FROM warm_plans
 WHERE ($1::text IS NULL OR replica_id = $1) AND ($2::text IS NULL OR model = $2)
   AND ($3::text IS NULL OR state = $3) AND ($4::uuid IS NULL OR plan_id = $4)

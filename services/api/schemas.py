@@ -143,6 +143,9 @@ class Plan(BaseModel):
     tokens_prefilled: int | None
     verified_hits: int | None
     failures: int
+    empty_reason: str | None = Field(
+        None, description="why the plan is empty, when the planner judged warming not worth it"
+    )
     finished_at: datetime | None
     trigger_event_id: uuid.UUID | None
 

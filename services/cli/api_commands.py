@@ -157,7 +157,12 @@ def _plans(client: ApiClient, args: argparse.Namespace, out: TextIO) -> int:
         "/v1/plans", replica=args.replica, model=args.model, state=args.state, limit=args.limit
     )
     columns = ("plan_id", "replica", "state", "epoch", "items", "items_done", "verified_hits", "issued_at")
-    return _show(out, args, answer, answer, columns)
+    _show(out, args, answer, answer, columns)
+    if not args.json:  # one line per plan issued empty on purpose, under the table
+        for plan in answer:
+            if plan.get("empty_reason"):
+                print(f"{plan['replica']}: {plan['empty_reason']}", file=out)
+    return 0
 
 
 @_handles("epochs")

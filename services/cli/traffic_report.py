@@ -10,7 +10,7 @@ from warmplane.services.cli.request_topic import RequestLog
 from warmplane.services.cli.traffic_figures import ShareRow, TrafficFigures, TtftGroup
 from warmplane.services.planner.trace_eval.evaluation import TraceResult
 from warmplane.services.planner.trace_eval.params import EvalParams
-from warmplane.services.planner.trace_eval.report import policy_table, setting
+from warmplane.services.planner.trace_eval.report import decision_line, policy_table, setting
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +158,7 @@ def _evaluation(report: TrafficReport) -> list[str]:
         "",
         *policy_table(report.result),
         "",
+        *decision_line(report.result),
     ]
 
 

@@ -40,6 +40,12 @@ class PlannerMetrics:
             "Warm plans that could not be chosen, recorded or published",
             registry=registry,
         )
+        self.empty_plans = Counter(
+            "warmplane_planner_empty_plans",
+            "Plans issued empty (or re-plans left out) because warming would buy too little, by reason",
+            ["reason"],  # nothing_likely, little_saved, past_readiness_budget
+            registry=registry,
+        )
         self.epoch_bumps = Counter(
             "warmplane_planner_epoch_bumps",
             "Epochs the planner raised itself, by reason (deploy)",

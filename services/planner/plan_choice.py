@@ -2,12 +2,16 @@
 the pure policy's (`policy.trie_from_counts`, `policy.choose_for_replicas`).
 
 For a model (and, for an epoch bump, one tenant of it), the trie is built once from the stored counts of the
-last `window_hours`, decayed to now with `half_life_s` and with `frequency_half_life_s` (a rate is the mean of
-the two estimates); then, per replica, the selection keeps the prefixes the gateway's ring sends to it among
-the model's live replicas (the replica included), within the budget
-(settings, capped by its KV capacity), minus what it already holds (`PgPlanStore.held`: its warmer's
-residency report on its latest start and the plans verified after it, or without a report the items of its
-verified plans since that start), in their tenant's current epoch. Only catalogued prefixes can be warmed (a
+last `window_hours` or the weight horizon (`policy.weight_horizon_s`: 12 of the longest half-life, past which
+a count weighs under 2 ** -12), whichever is shorter, decayed to now with `half_life_s` and with
+`frequency_half_life_s` (a rate is the mean of the two estimates), and the map from score to reuse is
+fitted on the same counts (`policy.fit_calibration`: scored at now minus the ramp window, against what was
+used since); then, per replica, the selection keeps
+the prefixes the gateway's ring sends to it among the model's live replicas (the replica included), whose
+calibrated probability of reuse is at least `min_reuse_probability`, within the budget (settings, capped
+by its KV capacity), minus what it already holds (`PgPlanStore.held`: its warmer's residency report on its
+latest start and the plans verified after it, or without a report the items of its verified plans since
+that start), in their tenant's current epoch. Only catalogued prefixes can be warmed (a
 payload renders them and their chain). Items name their tenant, prompt revision and current epoch.
 """
 
@@ -25,14 +29,21 @@ import msgspec
 
 from warmplane.services.planner.core.simple_plan import NodeKey
 from warmplane.services.planner.policy import (
+    EmptyReason,
     LeafCount,
     PolicyKnobs,
     PrefixTrie,
+    ReuseCalibration,
     RingSpec,
     StoredPrefix,
     WarmBudget,
+    WarmDecision,
+    WarmThresholds,
     choose_for_replicas,
+    decide_warm,
+    fit_calibration,
     trie_from_counts,
+    weight_horizon_s,
 )
 from warmplane.services.planner.settings import PlanSettings, RingSettings
 from warmplane.shared.events import LIVE_REPLICA_STATES, PrefixPayload, WarmItem
@@ -80,10 +91,13 @@ class HeldItem:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """A plan's items, most valuable first (ancestors before descendants), and its token limit."""
+    """A plan's items, most valuable first (ancestors before descendants), and its token limit; when the
+    policy judged warming not worth it (`policy.decide_warm`), no items, the reason and its one line."""
 
     items: list[WarmItem]
     budget_tokens: int
+    empty_reason: EmptyReason | None = None
+    empty_message: str | None = None
 
 
 class ChoiceStore(Protocol):
@@ -119,6 +133,12 @@ class WarmSetChooser:
             settings.ramp_window_s,
             settings.min_reuse_probability,
             settings.capacity_fraction,
+        )
+        self._thresholds = WarmThresholds(
+            settings.min_expected_saved_tokens,
+            settings.deadline_s,
+            settings.prefill_tokens_per_s,
+            settings.min_reuse_probability,
         )
         self._budget = WarmBudget(
             settings.budget_tokens, settings.warm_seconds, settings.prefill_tokens_per_s
@@ -162,16 +182,31 @@ class WarmSetChooser:
             resident=resident,
             renderable=view.stats.renderable,
             max_items=self._settings.max_items,
+            calibration=view.stats.calibration,
         )
+        decisions = {
+            replica: decide_warm(model, blocks, self._thresholds)
+            if replica not in holding_nothing  # a requested re-warm warms whatever it is worth
+            else WarmDecision(blocks, None, None)
+            for replica, (blocks, _) in selected.items()
+        }
         chosen = {
-            replica: ([b.prefix_id for b in blocks if b.prefix_id in view.stats.renderable], limit)
-            for replica, (blocks, limit) in selected.items()
+            replica: (
+                [b.prefix_id for b in decisions[replica].items if b.prefix_id in view.stats.renderable],
+                limit,
+            )
+            for replica, (_, limit) in selected.items()
         }
         payloads = await self._store.payloads(
             sorted({(view.stats.scope_of[p], p) for ids, _ in chosen.values() for p in ids})
         )
         return {
-            replica: Choice(fit_items(view.items(ids, payloads), self._max_item_bytes), limit)
+            replica: Choice(
+                fit_items(view.items(ids, payloads), self._max_item_bytes),
+                limit,
+                decisions[replica].reason,
+                decisions[replica].message,
+            )
             for replica, (ids, limit) in chosen.items()
         }
 
@@ -202,26 +237,30 @@ class WarmSetChooser:
         if recent_read and kept is not None:
             self._kept.move_to_end(key)
             return kept
-        since = now - timedelta(hours=self._settings.window_hours)
+        horizon = weight_horizon_s(self._settings.half_life_s, self._settings.frequency_half_life_s)
+        since = now - min(timedelta(hours=self._settings.window_hours), timedelta(seconds=horizon))
         stats = await self._store.statistics(model, int(since.timestamp()) // self._bucket_seconds)
         names = await self._store.scope_names(sorted({scope for scope, _ in stats.prefixes}))
         scope_of = _scopes_by_prefix(stats, names, tenant)
         half = self._bucket_seconds / 2
+        prefixes = [prefix for scope, prefix in stats.prefixes if scope_of.get(prefix.prefix_id) == scope]
+        counts = [
+            LeafCount(leaf, bucket * self._bucket_seconds + half, requests)
+            for scope, leaf, bucket, requests in stats.counts
+            if scope_of.get(leaf) == scope
+        ]
         trie, left_out = trie_from_counts(
-            [prefix for scope, prefix in stats.prefixes if scope_of.get(prefix.prefix_id) == scope],
-            [
-                LeafCount(leaf, bucket * self._bucket_seconds + half, requests)
-                for scope, leaf, bucket, requests in stats.counts
-                if scope_of.get(leaf) == scope
-            ],
+            prefixes,
+            counts,
             now.timestamp(),
             self._settings.half_life_s,
             self._settings.frequency_half_life_s,
         )
         if left_out:
             log.warning("%d leaves of %s left out of the trie (unknown chain or bad tokens)", left_out, model)
+        calibration = fit_calibration(prefixes, counts, now.timestamp(), self._knobs)
         renderable = {prefix for prefix, scope in scope_of.items() if (scope, prefix) in stats.catalogued}
-        read = _Statistics(now, trie, scope_of, names, renderable)
+        read = _Statistics(now, trie, scope_of, names, renderable, calibration)
         if max_age:
             self._kept[key] = read
             if len(self._kept) > _STATISTICS_KEPT:
@@ -238,6 +277,8 @@ class _Statistics:
     scope_of: dict[int, int]
     names: dict[int, tuple[str, str]]
     renderable: set[int]
+    calibration: ReuseCalibration
+    """Score to observed reuse on these counts (`policy.fit_calibration`), or the prior."""
 
 
 @dataclass(frozen=True, slots=True)

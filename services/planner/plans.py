@@ -5,9 +5,11 @@
 (tenant, model) on every live replica of the model (a bump invalidates caches, not knowledge);
 `plan_live` plans the live replicas of a model again for another reason (a fleet change, a cold-start
 alarm). Items are chosen by `plan_choice.WarmSetChooser` (the policy core). A plan for a running replica
-that would warm nothing (it holds everything it should) is not issued; a starting replica always gets its
-plan, empty or not, since its warmer waits for one. Each plan is recorded (unique on (trigger, replica), so
-a redelivered trigger issues nothing), and only when the row was inserted published.
+that would warm nothing (it holds everything it should, or warming would buy too little) is not issued; a
+starting replica always gets its plan, empty or not, since its warmer waits for one; an empty one says
+why in `empty_reason` when the policy judged warming not worth it, and the replica turns ready at once.
+Each plan is recorded (unique on (trigger, replica), so a redelivered trigger issues nothing), and only
+when the row was inserted published.
 
 Delivery is at least once: a plan is recorded (with the event it is published as) before it is
 published, and marked once the broker acknowledged it. `catch_up`, run periodically, publishes again
@@ -172,6 +174,9 @@ class PlanIssuer:
             plans: list[tuple[WarmPlanIssued, uuid.UUID]] = []
             for want in group:
                 target, choice = want.target, choices[want.target.replica]
+                if choice.empty_reason is not None:
+                    self._metrics.empty_plans.labels(choice.empty_reason.value).inc()
+                    log.info("replica %s: %s", target.replica, choice.empty_message)
                 if not choice.items and not target.answers_start:
                     log.info("replica %s holds its warm set: no plan for %s", target.replica, target.trigger)
                     continue
@@ -266,6 +271,7 @@ class PlanIssuer:
             deadline=now + timedelta(seconds=self._settings.deadline_s),
             trigger_event_id=target.trigger if target.answers_start else None,
             rewarm=target.rewarm,
+            empty_reason=choice.empty_message,
         )
 
 

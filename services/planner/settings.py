@@ -91,13 +91,22 @@ class PlanSettings(BaseModel):
     ramp_window_s: Annotated[float, Field(gt=0)] = _KNOBS.ramp_window_s
     """A warm block pays when it is used at least once in this long after the replica starts."""
     min_reuse_probability: Annotated[float, Field(ge=0, le=1)] = _KNOBS.min_reuse_probability
-    """Blocks less likely than this to be used in the ramp window are not warmed for themselves."""
+    """Blocks less likely than this to be used in the ramp window (calibrated on the model's own history:
+    `policy.fit_calibration`) are not warmed for themselves: the least expected saved prefill per warmed
+    token. The policy's one spend knob (measured: `python -m bench.evaluate_policy`, which sweeps it)."""
+    min_expected_saved_tokens: Annotated[int, Field(ge=0)] = _KNOBS.min_expected_saved_tokens
+    """A plan whose expected saved prefill (each item's tokens times its calibrated chance of reuse) is
+    below this is issued empty, with its reason, and the replica turns ready at once: a plan holds
+    readiness back whatever its size. So is one that would take longer than `deadline_s` at
+    `prefill_tokens_per_s` (when that is known)."""
     max_items: Annotated[int, Field(gt=0, le=100_000)] = 256
     """Prefixes a plan holds at most."""
     deadline_s: Annotated[float, Field(gt=0)] = 120.0
     """How long after issuing the warmer has to carry the plan out."""
     window_hours: Hours = 24.0
-    """How far back request counts are read (older buckets have decayed away; this bounds the read)."""
+    """How far back request counts are read at most. A read also stops at the weight horizon, 12 of the
+    longest half-life (`policy.weight_horizon_s`: 2 hours at the defaults), past which counts weigh under
+    2 ** -12: reading 24 hours would read ten times the buckets for the same plans."""
     statistics_max_age_s: Annotated[float, Field(ge=0, le=300)] = 10.0
     """Plans of starting replicas chosen within this long of one read of a model's counts share it (a
     rolling deploy starts replica after replica; each read builds the model's trie); counts younger

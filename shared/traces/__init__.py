@@ -15,6 +15,11 @@ CONVERSATION = "conversation_trace.jsonl"
 SYNTHETIC = "synthetic_trace.jsonl"
 """3,993 requests over long shared documents."""
 SHIPPED = (CONVERSATION, SYNTHETIC)
+"""The recorded traces, as published."""
+RAG = "rag_trace.jsonl"
+"""A retrieval-augmented shape Warmplane generates itself (`rag.py`): a few system prompts, passages
+retrieved rarely, questions."""
+GENERATED = (RAG,)
 
 
 def trace_path(name: str = CONVERSATION) -> Path:
@@ -22,11 +27,16 @@ def trace_path(name: str = CONVERSATION) -> Path:
 
     Setuptools installs package data as plain files (wheel and editable installs alike), so the path is a
     real file that can be opened, streamed and handed to a subprocess."""
-    if name not in SHIPPED:
-        raise ValueError(f"no shipped trace named {name!r}; shipped: {', '.join(SHIPPED)}")
+    if name not in SHIPPED + GENERATED:
+        raise ValueError(f"no shipped trace named {name!r}; shipped: {', '.join(SHIPPED + GENERATED)}")
     return Path(str(resources.files(__name__).joinpath(name)))
 
 
 def shipped_traces() -> list[Path]:
-    """Every shipped trace's file, the conversation trace first."""
+    """Every recorded trace's file, the conversation trace first."""
     return [trace_path(name) for name in SHIPPED]
+
+
+def evaluated_traces() -> list[Path]:
+    """The traces the policy is measured on: the recorded ones, then the generated ones."""
+    return [trace_path(name) for name in SHIPPED + GENERATED]

@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
-from warmplane.services.planner.settings import IngestSettings, PlannerSettings
+from warmplane.services.planner.settings import IngestSettings, PlannerSettings, PlanSettings
 from warmplane.shared import migrate
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedRedis
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm, ensure_tiny_model
@@ -107,6 +107,8 @@ def planner_settings_for(kafka_servers: str, dsn: str) -> PlannerSettings:
         ),
         postgres=PostgresSettings(url=SecretStr(dsn)),
         ingest=IngestSettings(group_id=f"planner-{run}", batch_timeout_ms=50),
+        # Test prefixes are a few hundred tokens: no floor on a plan's expected saving unless a test sets one.
+        plans=PlanSettings(min_expected_saved_tokens=0),
         metrics_port=0,
     )
 

@@ -79,7 +79,9 @@ def started(replica: str, node: str) -> ReplicaStarted:
 async def test_a_starting_replica_gets_one_plan_of_the_most_requested_prefixes(
     planner_settings: PlannerSettings,
 ) -> None:
-    settings = planner_settings.model_copy(update={"plans": PlanSettings(budget_tokens=500, max_items=10)})
+    settings = planner_settings.model_copy(
+        update={"plans": PlanSettings(budget_tokens=500, max_items=10, min_expected_saved_tokens=0)}
+    )
     kafka = settings.kafka
     plans_topic = Topics(kafka.topic_prefix).plans
     codec = EventCodec(kafka.max_event_bytes)

@@ -119,7 +119,8 @@ def fleet(**plans: object) -> tuple[MemoryPlans, MemoryFleet, Published, Planner
     issuer = PlanIssuer(
         store=store,
         publisher=published,
-        settings=PlanSettings.model_validate(plans),
+        # Prefixes of 100 tokens: no floor on a plan's expected saving (test_policy_warm_decision's).
+        settings=PlanSettings.model_validate({"min_expected_saved_tokens": 0, **plans}),
         bucket_seconds=60,
         metrics=metrics,
         clock=lambda: NOW,

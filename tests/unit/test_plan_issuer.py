@@ -52,7 +52,10 @@ def issuer(
     **plans: object,
 ) -> PlanIssuer:
     """An issuer whose clock reads `clock[0]` (NOW if not given): a test moves time by replacing it. Its
-    counts decay with one half-life of 600 s (these tests are about issuing; the knobs have their own)."""
+    counts decay with one half-life of 600 s (these tests are about issuing; the knobs have their own).
+    Their few prefixes are too little history to fit a calibration, so scores go through the prior (a
+    quarter of the Poisson chance): at a least probability of 0.1, one request in the window is not
+    enough and three are."""
     now = clock if clock is not None else [NOW]
     settings = PlanSettings.model_validate(
         {
@@ -61,6 +64,8 @@ def issuer(
             "window_hours": 2,
             "half_life_s": 600,
             "frequency_half_life_s": None,
+            "min_reuse_probability": 0.1,
+            "min_expected_saved_tokens": 0,  # prefixes of 100 tokens: no floor on a plan's saving
             **plans,
         }
     )
@@ -288,3 +293,16 @@ def test_a_re_plan_reads_the_counts_afresh_even_just_after_a_start() -> None:
     assert len(store.asked) == 3
     asyncio.run(run.issue(started("b")))  # a start may use the latest read, the re-plan's
     assert len(store.asked) == 3
+
+
+def test_a_read_stops_where_counts_stop_weighing() -> None:
+    """24 hours allowed, but a count older than 12 half-lives (2 h at 600 s) weighs under 2 ** -12: the
+    read stops there (root 5's 40 requests of 8 hours ago are not read)."""
+    published, metrics = Published(), PlannerMetrics(CollectorRegistry())
+    store = three_tenants()
+    store.live = [live("r", "starting")]
+    plan = asyncio.run(issuer(store, published, metrics, window_hours=24).issue(started("r")))
+    [(_, since_bucket)] = store.asked
+    assert since_bucket == int((NOW - timedelta(hours=2)).timestamp()) // 60
+    assert BUCKET - 500 < since_bucket <= BUCKET
+    assert plan is not None and [item.prefix_id for item in plan.items] == [5]

@@ -204,6 +204,7 @@ def test_the_plans_frequency_half_life_is_the_longer_one_and_the_evaluator_measu
         evaluated.capacity_fraction,
     )
     assert (plans.ramp_window_s, plans.min_reuse_probability) == (evaluated.ramp_window, evaluated.min_reuse)
+    assert plans.min_expected_saved_tokens == knobs.min_expected_saved_tokens == evaluated.min_saved_tokens
     assert (knobs.half_life_s, knobs.frequency_half_life_s) == (
         evaluated.half_life,
         evaluated.frequency_half_life,

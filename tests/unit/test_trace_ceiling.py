@@ -49,3 +49,19 @@ def test_the_ceiling_wastes_nothing_and_no_policy_saves_more_in_five_minutes(see
     assert ceiling.saved == ceiling.spent and ceiling.saved_5m == ceiling.spent
     capped = [o for o in result.outcomes if o.policy != "seed-replay"]
     assert all(o.saved_5m <= ceiling.saved_5m for o in capped), [(o.policy, o.saved_5m) for o in capped]
+
+
+def test_on_traffic_that_never_repeats_the_planner_warms_nothing_and_says_why() -> None:
+    """Every chain is seen once: the calibrated planner issues the newcomer an empty plan, the frontier's
+    default point spends nothing, and the reliability table predicts (almost) no reuse."""
+    trace = [request(i * 2.0, 3 * i + 1, 3 * i + 2, 3 * i + 3) for i in range(1_000)]
+    params = EvalParams(block_tokens=BLOCK, capacity_blocks=10_000, replicas=2)
+    result = evaluate("unique", trace, params)
+    assert result.by_policy("warmplane").spent == 0
+    assert (
+        result.empty_plan
+        == "warming buys little for model unique: no prefix is at least 5% likely to be reused"
+    )
+    assert result.calibration.startswith("fitted on ")
+    assert result.calibration_gap <= 0.05
+    assert all(point.tokens == 0 for point in result.frontier if float(point.label) > 0)

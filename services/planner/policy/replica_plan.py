@@ -11,10 +11,11 @@ through the same two functions, so what it measures is what the planner issues.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from warmplane.services.planner.policy.budget import WarmBudget
+from warmplane.services.planner.policy.calibration import ReuseCalibration, fit_isotonic, reused_prefixes
 from warmplane.services.planner.policy.prefix_trie import PrefixTrie
 from warmplane.services.planner.policy.warm_set import WarmItem, select_warm_sets
 from warmplane.shared.hash_ring import HashRing
@@ -56,8 +57,21 @@ class PolicyKnobs:
     half_life_s: float = 60.0
     frequency_half_life_s: float | None = 600.0
     ramp_window_s: float = 300.0
-    min_reuse_probability: float = 0.3
+    min_reuse_probability: float = 0.05
     capacity_fraction: float = 0.5
+    min_expected_saved_tokens: int = 256
+    """`decide_warm`'s floor: a plan expected to save less prefill than this is issued empty."""
+
+
+WEIGHT_HALVINGS = 12
+"""A count older than this many of the longest half-life weighs under 2 ** -12 of a fresh one: a plan's read
+need not reach further back (`weight_horizon_s`)."""
+
+
+def weight_horizon_s(half_life_s: float, frequency_half_life_s: float | None) -> float:
+    """How far back counts still weigh: `WEIGHT_HALVINGS` of the longest half-life (2 hours at the
+    planner's 600 s). A read of older buckets changes no rate by more than 2 ** -12 of what they held."""
+    return WEIGHT_HALVINGS * max(half_life_s, frequency_half_life_s or 0.0)
 
 
 def trie_from_counts(
@@ -85,6 +99,24 @@ def trie_from_counts(
     trie, left_out = _decayed_trie(chains, counts, now, frequency_half_life_s)
     trie.blend(_decayed_trie(chains, counts, now, half_life_s)[0])
     return trie, left_out
+
+
+def fit_calibration(
+    prefixes: Sequence[StoredPrefix], counts: Sequence[LeafCount], now: float, knobs: PolicyKnobs
+) -> ReuseCalibration:
+    """The map from score to observed reuse on this history (`calibration.py`): every prefix scored on
+    the counts up to `now - knobs.ramp_window_s` (the trie as `trie_from_counts` built it then), each
+    marked reused if a count after that ends on its chain, fitted by isotonic regression; the prior when
+    too few prefixes were scored."""
+    start = now - knobs.ramp_window_s
+    past = [count for count in counts if count.at_s < start]
+    recent = {count.leaf for count in counts if count.at_s >= start and count.requests > 0}
+    trie, _ = trie_from_counts(prefixes, past, start, knobs.half_life_s, knobs.frequency_half_life_s)
+    reused = reused_prefixes({prefix.prefix_id: prefix.parent for prefix in prefixes}, recent)
+    return fit_isotonic(
+        (trie.rate(node.prefix_id, start) * knobs.ramp_window_s, node.prefix_id in reused)
+        for node in trie.nodes()
+    )
 
 
 def _decayed_trie(
@@ -144,6 +176,7 @@ def choose_for_replica(
     resident: Collection[int] = frozenset(),
     renderable: Container[int] | None = None,
     max_items: int | None = None,
+    calibration: Callable[[float], float] | None = None,
 ) -> tuple[list[WarmItem], int]:
     """The warm set of `replica` at `now`, ancestors first, and the token limit it was chosen under:
     `choose_for_replicas` for one replica."""
@@ -158,6 +191,7 @@ def choose_for_replica(
         resident={replica: resident},
         renderable=renderable,
         max_items=max_items,
+        calibration=calibration,
     )[replica]
 
 
@@ -173,6 +207,7 @@ def choose_for_replicas(
     resident: Mapping[str, Collection[int]] | None = None,
     renderable: Container[int] | None = None,
     max_items: int | None = None,
+    calibration: Callable[[float], float] | None = None,
 ) -> dict[str, tuple[list[WarmItem], int]]:
     """The warm set at `now` of each replica of `capacities` (its KV capacity in tokens, None while
     unknown), ancestors first, and the token limit it was chosen under.
@@ -181,8 +216,8 @@ def choose_for_replicas(
     take), at full weight: a warm set is for the replica's steady share, not for its first ramped seconds.
     A replica's limit is `budget.token_limit` at `knobs.capacity_fraction` of its capacity, or the budget
     alone while the capacity is unknown (the warmer still cuts a plan at its own fill cap once the engine
-    reports one). One pass over the trie serves every replica (`select_warm_sets`). Raises `ValueError`
-    as `select_warm_set` does.
+    reports one). One pass over the trie serves every replica (`select_warm_sets`); `calibration` (see
+    `fit_calibration`) maps scores to probabilities. Raises `ValueError` as `select_warm_set` does.
     """
     hash_ring = HashRing(sorted({*members, *capacities}), vnodes=ring.vnodes, load_factor=ring.load_factor)
     limits = {
@@ -204,5 +239,6 @@ def choose_for_replicas(
         resident=resident,
         renderable=renderable,
         max_items=max_items,
+        calibration=calibration,
     )
     return {replica: (chosen[replica], limits[replica]) for replica in capacities}

@@ -17,7 +17,7 @@ chain), only those are chosen for themselves; their ancestors still come along, 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Container, Mapping
+from collections.abc import Callable, Collection, Container, Mapping
 from dataclasses import dataclass
 
 from warmplane.services.planner.policy.budget import WarmBudget
@@ -94,48 +94,88 @@ def select_warm_sets(
     resident: Mapping[str, Collection[int]] | None = None,
     renderable: Container[int] | None = None,
     max_items: int | None = None,
+    calibration: Callable[[float], float] | None = None,
 ) -> dict[str, list[WarmItem]]:
     """`select_warm_set` for every replica of `limits` (its token limit) at once, each under its
     `RoutingShare(ring, replica, routing_depth)` and minus its `resident` prefixes: each result equals
     that replica's alone, but the trie is walked and the ring asked once for all of them, not once per
     replica. A fleet re-plan (a deploy, an epoch bump) is thus one pass over the trie plus each replica's
     own part of it: with a thousand replicas the per-replica walk would repeat the whole trie and build
-    the ring a thousand times. Raises `ValueError` for a replica the ring does not hold.
+    the ring a thousand times. With `calibration`, a block's probability is `calibration(score)` of its
+    Poisson score (`calibration.py`), and `min_reuse_probability` applies to that. Raises `ValueError`
+    for a replica the ring does not hold.
     """
-    missing = sorted(set(limits) - set(ring.weights))
+    candidates = candidate_probabilities(
+        trie,
+        now,
+        ring=ring,
+        routing_depth=routing_depth,
+        replicas=list(limits),
+        ramp_window_s=ramp_window_s,
+        resident=resident,
+        calibration=calibration,
+    )
+    return {
+        replica: _greedy(
+            trie,
+            candidates[replica],
+            set(resident.get(replica, ()) if resident is not None else ()),
+            limit=limit,
+            min_reuse_probability=min_reuse_probability,
+            renderable=renderable,
+            max_items=max_items,
+        )
+        for replica, limit in limits.items()
+    }
+
+
+def candidate_probabilities(
+    trie: PrefixTrie,
+    now: float,
+    *,
+    ring: HashRing,
+    routing_depth: int,
+    replicas: Collection[str],
+    ramp_window_s: float,
+    resident: Mapping[str, Collection[int]] | None = None,
+    calibration: Callable[[float], float] | None = None,
+) -> dict[str, dict[int, float]]:
+    """Each replica's candidates: every prefix in its share and not `resident` on it, with its probability
+    of reuse by the replica's traffic in the ramp window: `calibration` (`calibration.py`) of its expected
+    uses there (its rate, times its ring share above the routing depth, times the window), or without one
+    the Poisson chance of at least one use. Raises
+    `ValueError` for a replica the ring does not hold."""
+    missing = sorted(set(replicas) - set(ring.weights))
     if missing:
         raise ValueError(f"replicas {missing} are not on the ring")
-    shared, owned = _partition(trie, ring, routing_depth, limits)
+    shared, owned = _partition(trie, ring, routing_depth, set(replicas))
     total_weight = sum(ring.weights.values())
+    mapped = calibration if calibration is not None else _poisson
     own_probabilities = {
-        node.prefix_id: reuse_probability(trie.rate(node.prefix_id, now), ramp_window_s)
+        node.prefix_id: mapped(trie.rate(node.prefix_id, now) * ramp_window_s)
         for nodes in owned.values()
         for node in nodes
     }
     shared_rates = [(node, trie.rate(node.prefix_id, now)) for node in shared]
-    chosen: dict[str, list[WarmItem]] = {}
-    for replica, limit in limits.items():
+    candidates: dict[str, dict[int, float]] = {}
+    for replica in replicas:
         fraction = ring.weights[replica] / total_weight
-        held = resident.get(replica, ()) if resident is not None else ()
-        covered = set(held)
+        covered = set(resident.get(replica, ()) if resident is not None else ())
         probabilities = {
-            node.prefix_id: reuse_probability(rate * fraction, ramp_window_s)
+            node.prefix_id: mapped(rate * fraction * ramp_window_s)
             for node, rate in shared_rates
             if node.prefix_id not in covered
         }
         for node in owned.get(replica, ()):
             if node.prefix_id not in covered:
                 probabilities[node.prefix_id] = own_probabilities[node.prefix_id]
-        chosen[replica] = _greedy(
-            trie,
-            probabilities,
-            covered,
-            limit=limit,
-            min_reuse_probability=min_reuse_probability,
-            renderable=renderable,
-            max_items=max_items,
-        )
-    return chosen
+        candidates[replica] = probabilities
+    return candidates
+
+
+def _poisson(expected_uses: float) -> float:
+    """The uncalibrated probability: `reuse_probability` of `expected_uses` in the window."""
+    return reuse_probability(expected_uses, 1.0)
 
 
 def _partition(

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from warmplane.services.planner.policy import ReliabilityRow
 from warmplane.services.planner.trace_eval.fleet_sim import (
     LruCache,
     Request,
@@ -25,8 +26,17 @@ from warmplane.services.planner.trace_eval.fleet_sim import (
     serve,
     with_routing_depth,
 )
+from warmplane.services.planner.trace_eval.frontier import Point, ceiling_curve, reliability_rows, sweep
 from warmplane.services.planner.trace_eval.params import EvalParams
-from warmplane.services.planner.trace_eval.policies import NEW, POLICIES, Setup, WarmBlocks, warm_cache
+from warmplane.services.planner.trace_eval.policies import (
+    NEW,
+    POLICIES,
+    Setup,
+    WarmBlocks,
+    planner_view,
+    warm_cache,
+    warmplane_decision,
+)
 from warmplane.shared.hash_ring import HashRing
 
 _MAX_KEY_SHARE = 0.05
@@ -67,6 +77,16 @@ class TraceResult:
     established: tuple[float, float, float]
     steady: float
     ceiling: Outcome
+    frontier: list[Point]
+    """The planner's policy at each spend knob (`frontier.SWEEP`)."""
+    ceiling_curve: list[Point]
+    reliability: list[ReliabilityRow]
+    """The newcomer's candidates' calibrated probabilities against its use of them in the ramp window."""
+    calibration_gap: float
+    calibration: str
+    """How the planner's map was fitted at the join: on how many prefixes, or the prior."""
+    empty_plan: str | None
+    """The planner's one line when it would issue the newcomer an empty plan ("warming buys little ...")."""
 
     def by_policy(self, policy: str) -> Outcome:
         """The outcome of `policy`; raises `KeyError` for a policy not run."""
@@ -119,7 +139,8 @@ def evaluate(name: str, requests: Sequence[Request], params: EvalParams) -> Trac
         keyed, replicas, established, donor=donor, join_t=join_t, params=params
     )
     history = [r for r in keyed if r.t < join_t]
-    setup = Setup(history, join_t, before, after, depth, donor_recent, params)
+    view = planner_view(history, join_t, after, depth, params)
+    setup = Setup(history, join_t, before, after, depth, donor_recent, params, view, name)
     outcomes: list[Outcome] = []
     unwarmed: list[Served] = []
     for policy, choose in POLICIES.items():
@@ -127,9 +148,19 @@ def evaluate(name: str, requests: Sequence[Request], params: EvalParams) -> Trac
         served = [serve(cache, request, NEW) for request in newcomer]
         unwarmed = unwarmed or served
         outcomes.append(outcome(policy, served, unwarmed, spent, join_t))
-    cache, spent = warm_cache(params.capacity_blocks, ceiling_blocks(history, newcomer, join_t, params))
+    best = ceiling_blocks(history, newcomer, join_t, params)
+    cache, spent = warm_cache(params.capacity_blocks, best)
     ceiling = outcome("(ceiling)", [serve(cache, r, NEW) for r in newcomer], unwarmed, spent, join_t)
     after_join = [s for s in served_old if s.t >= join_t]
+    frontier = sweep(setup, newcomer)
+    decision = warmplane_decision(setup, params.min_reuse).message
+    rows, gap = reliability_rows(setup, newcomer)
+    fitted = view.calibration
+    how = (
+        f"fitted on {fitted.samples:,} prefixes"
+        if fitted.fitted
+        else f"the prior ({fitted.samples} prefixes)"
+    )
     return TraceResult(
         name,
         len(keyed),
@@ -145,6 +176,12 @@ def evaluate(name: str, requests: Sequence[Request], params: EvalParams) -> Trac
         ),
         hit_ratio(unwarmed, join_t + 300, float("inf")),
         ceiling,
+        frontier,
+        ceiling_curve(best, [point.tokens for point in frontier], newcomer, setup),
+        rows,
+        gap,
+        how,
+        decision,
     )
 
 

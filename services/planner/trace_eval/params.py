@@ -19,8 +19,9 @@ class EvalParams:
     it); `join_at`: when the newcomer joins, as a share of the trace's span; `routing_depth`: the chain
     depth requests are routed by, None for automatic (see `fleet_sim.auto_routing_depth`); `load_window`
     (s): requests counted as a replica's load by the ring's bounded-load pick; `half_life` (s),
-    `frequency_half_life` (s, None for none), `ramp_window` (s), `min_reuse` and `bucket_seconds`: the
-    planner policy's knobs and statistics bucket. The cap and the knobs default to the planner's own.
+    `frequency_half_life` (s, None for none), `ramp_window` (s), `min_reuse`, `min_saved_tokens` and
+    `bucket_seconds`: the planner policy's knobs, its floor on a plan's expected saving and its statistics
+    bucket. The cap and the knobs default to the planner's own.
     """
 
     block_tokens: int = 512
@@ -35,6 +36,7 @@ class EvalParams:
     frequency_half_life: float | None = _PLANNER.frequency_half_life_s
     ramp_window: float = _PLANNER.ramp_window_s
     min_reuse: float = _PLANNER.min_reuse_probability
+    min_saved_tokens: int = _PLANNER.min_expected_saved_tokens
     bucket_seconds: int = 60
 
     def __post_init__(self) -> None:

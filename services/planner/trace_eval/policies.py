@@ -9,9 +9,10 @@ path: the history bucketed as the planner stores it, then `policy.trie_from_coun
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from warmplane.services.planner.core.simple_plan import (
     Candidate,
@@ -22,10 +23,16 @@ from warmplane.services.planner.core.simple_plan import (
 from warmplane.services.planner.policy import (
     LeafCount,
     PolicyKnobs,
+    PrefixTrie,
+    ReuseCalibration,
     RingSpec,
     StoredPrefix,
     WarmBudget,
+    WarmDecision,
+    WarmThresholds,
     choose_for_replica,
+    decide_warm,
+    fit_calibration,
     trie_from_counts,
 )
 from warmplane.services.planner.trace_eval.fleet_sim import LruCache, Request
@@ -49,6 +56,9 @@ class Setup:
     routing_depth: int
     donor_recent: WarmBlocks
     params: EvalParams
+    planner: PlannerView
+    model: str
+    """What the trace is named by in the planner's one-line reasons."""
 
 
 def seed_replay(setup: Setup) -> WarmBlocks:
@@ -92,42 +102,82 @@ def peer_copy(setup: Setup) -> WarmBlocks:
     return list(reversed(setup.donor_recent))
 
 
-def warmplane(setup: Setup) -> WarmBlocks:
-    """What the planner issues: the history stored as it stores it (each prefix's parent and cumulative
-    tokens, requests per leaf and `bucket_seconds` bucket), then `trie_from_counts` and
-    `choose_for_replica` for the newcomer among the ring's replicas, its KV capacity capped at
-    `capacity_fraction`. Every block counts as renderable (the simulation replays blocks, not payloads)."""
-    params = setup.params
+@dataclass(frozen=True)
+class PlannerView:
+    """What the planner knows at the join, as it would read it: the trie of the history stored as it
+    stores it, the calibration fitted on that history, and the ring it plans the newcomer on."""
+
+    trie: PrefixTrie
+    calibration: ReuseCalibration
+    knobs: PolicyKnobs
+    ring: RingSpec
+    members: list[str]
+
+
+def planner_view(
+    history: Sequence[Request], join_t: float, after: HashRing, routing_depth: int, params: EvalParams
+) -> PlannerView:
+    """The history stored as the planner stores it (each prefix's parent and cumulative tokens, requests
+    per leaf and `bucket_seconds` bucket), then `trie_from_counts` and `fit_calibration`, as
+    `plan_choice.WarmSetChooser` calls them."""
     width = params.bucket_seconds
     prefixes: dict[int, StoredPrefix] = {}
     counts: Counter[tuple[int, int]] = Counter()
-    for request in setup.history:
+    for request in history:
         parent = None
         for block, tokens in zip(request.chain, request.cumulative, strict=True):
             prefixes.setdefault(block, StoredPrefix(block, parent, tokens))
             parent = block
         counts[(request.chain[-1], int(request.t // width))] += 1
     leaves = [LeafCount(leaf, bucket * width + width / 2, n) for (leaf, bucket), n in counts.items()]
-    trie, _left_out = trie_from_counts(
-        prefixes.values(), leaves, setup.join_t, params.half_life, params.frequency_half_life
+    knobs = PolicyKnobs(
+        params.half_life,
+        params.frequency_half_life,
+        params.ramp_window,
+        params.min_reuse,
+        params.capacity_fraction,
+        params.min_saved_tokens,
     )
-    items, _limit = choose_for_replica(
+    stored = list(prefixes.values())
+    trie, _left_out = trie_from_counts(stored, leaves, join_t, knobs.half_life_s, knobs.frequency_half_life_s)
+    return PlannerView(
         trie,
+        fit_calibration(stored, leaves, join_t, knobs),
+        knobs,
+        RingSpec(routing_depth, after.vnodes, after.load_factor),
+        list(after.weights),
+    )
+
+
+def warmplane_at(setup: Setup, min_reuse: float) -> WarmBlocks:
+    """What the planner issues with its least reuse probability at `min_reuse`: `choose_for_replica` on
+    the planner's view for the newcomer among the ring's replicas, calibrated, its KV capacity capped at
+    `capacity_fraction`, then `decide_warm` (no readiness budget: prefill is instantaneous here). Every
+    block counts as renderable (the simulation replays blocks, not payloads)."""
+    return [(item.prefix_id, item.cost_tokens) for item in warmplane_decision(setup, min_reuse).items]
+
+
+def warmplane_decision(setup: Setup, min_reuse: float) -> WarmDecision:
+    """`warmplane_at`'s decision: the items, or none and why."""
+    params, view = setup.params, setup.planner
+    items, _limit = choose_for_replica(
+        view.trie,
         setup.join_t,
         replica=NEW,
-        members=list(setup.after.weights),
-        ring=RingSpec(setup.routing_depth, setup.after.vnodes, setup.after.load_factor),
+        members=view.members,
+        ring=view.ring,
         budget=WarmBudget(tokens=params.limit_tokens),
         kv_capacity_tokens=params.capacity_blocks * params.block_tokens,
-        knobs=PolicyKnobs(
-            params.half_life,
-            params.frequency_half_life,
-            params.ramp_window,
-            params.min_reuse,
-            params.capacity_fraction,
-        ),
+        knobs=replace(view.knobs, min_reuse_probability=min_reuse),
+        calibration=view.calibration,
     )
-    return [(item.prefix_id, item.cost_tokens) for item in items]
+    thresholds = WarmThresholds(view.knobs.min_expected_saved_tokens, math.inf, None, min_reuse)
+    return decide_warm(setup.model, items, thresholds)
+
+
+def warmplane(setup: Setup) -> WarmBlocks:
+    """What the planner issues at its defaults (`warmplane_at` the default least reuse probability)."""
+    return warmplane_at(setup, setup.params.min_reuse)
 
 
 POLICIES: dict[str, Callable[[Setup], WarmBlocks]] = {
