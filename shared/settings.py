@@ -18,6 +18,8 @@ from warmplane.shared.codec import DEFAULT_MAX_EVENT_BYTES
 
 PositiveInt = Annotated[int, Field(gt=0)]
 S = TypeVar("S", bound=BaseSettings)
+MIN_KEY_CHARS = 16
+"""The shortest API key (gateway) or bearer token (API) a service starts with: a guessable key is no key."""
 
 
 class KafkaSettings(BaseModel):

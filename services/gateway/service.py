@@ -55,6 +55,7 @@ class Gateway:
         self._sink = sink
         self._stack = contextlib.AsyncExitStack()
         self._http: AsgiServer | None = None
+        self._metrics_http: AsgiServer | None = None
         self.parts: GatewayParts | None = None
         self.follower: LifecycleFollower | None = None
 
@@ -67,6 +68,13 @@ class Gateway:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The metrics port's base URL (`/metrics`), apart from the clients' `url`."""
+        if self._metrics_http is None:
+            raise RuntimeError("the gateway is not started")
+        return f"http://127.0.0.1:{self._metrics_http.port}"
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -179,6 +187,10 @@ class Gateway:
 
     async def _serve(self, parts: GatewayParts) -> None:
         options = self.settings.gateway
+        self._metrics_http = AsgiServer(
+            parts.metrics_app, options.metrics_host, options.metrics_port, name="gateway metrics"
+        )
+        await self._metrics_http.start()
         self._http = AsgiServer(
             parts.app,
             options.http_host,
@@ -193,4 +205,6 @@ class Gateway:
         """Stop taking requests (in-flight ones finish within a bound), then close the rest."""
         if self._http is not None:
             await self._http.stop()
+        if self._metrics_http is not None:
+            await self._metrics_http.stop()
         await self._stack.aclose()

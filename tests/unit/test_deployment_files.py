@@ -85,7 +85,7 @@ def test_the_compose_warmer_is_valid_warmer_settings_for_its_engine(monkeypatch:
 
 def test_the_compose_gateway_is_valid_gateway_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     given = {
-        "WARMPLANE_API_KEYS": '{"acme": ["key-1"]}',
+        "WARMPLANE_API_KEYS": '{"acme": ["acme-key-0123456789"]}',
         "WARMPLANE_TENANT_SECRETS": '{"acme": "tenant-secret"}',
     }
     for key, raw in _compose()["services"]["gateway"]["environment"].items():
