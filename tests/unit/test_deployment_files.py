@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from warmplane.services.api.metrics import ApiMetrics
-from warmplane.services.api.settings import ApiSettings
+from warmplane.services.api.settings import ApiOptions, ApiSettings
 from warmplane.services.gateway.metrics import GatewayMetrics
-from warmplane.services.gateway.settings import GatewaySettings
+from warmplane.services.gateway.settings import GatewayOptions, GatewaySettings
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.services.warmer.metrics import WarmerMetrics
@@ -311,3 +311,26 @@ def _kv_events_config(args: list[str]) -> dict[str, Any]:
     [config] = [json.loads(arg.split("=", 1)[1]) for arg in args if arg.startswith("--kv-events-config=")]
     assert config["enable_kv_cache_events"] is True and config["publisher"] == "zmq"
     return dict(config)
+
+
+def test_the_api_and_gateway_metrics_ports_stay_inside_the_cluster() -> None:
+    """Per-tenant figures: each /metrics port is declared on its pod, named by no Service, reachable by
+    the NetworkPolicy only from a namespace given by name, and in compose exposed but never published."""
+    objects = _manifests()
+    compose = _compose()["services"]
+    policy = objects[("NetworkPolicy", "warmplane-metrics-in-cluster")]["spec"]
+    for workload, container, port, service in (
+        ("warmplane-api", "api", ApiOptions().metrics_port, "api"),
+        ("warmplane-gateway", "gateway", GatewayOptions().metrics_port, "gateway"),
+    ):
+        declared = _container(objects[("Deployment", workload)], container)["ports"]
+        assert {"name": "metrics", "containerPort": port} in declared
+        targets = {p.get("targetPort") for p in objects[("Service", workload)]["spec"]["ports"]}
+        assert targets.isdisjoint({"metrics", port}), workload
+        [selected] = policy["podSelector"]["matchExpressions"]
+        assert workload in selected["values"]
+        assert all(not str(published).endswith(f":{port}") for published in compose[service]["ports"])
+        assert str(port) in compose[service]["expose"]
+    for rule in policy["ingress"]:
+        if {"port": "metrics"} in rule["ports"]:
+            assert rule["from"] and all("namespaceSelector" in peer for peer in rule["from"])
