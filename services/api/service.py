@@ -20,6 +20,7 @@ from warmplane.services.api.settings import ApiSettings
 from warmplane.shared.asgi_server import AsgiServer
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.event_publisher import KafkaEventPublisher, acknowledging_producer
+from warmplane.shared.event_signing import EventSigner
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.metrics_http import metrics_app
 from warmplane.shared.postgres_pool import open_pool
@@ -40,11 +41,14 @@ async def api_deps(settings: ApiSettings, metrics: ApiMetrics | None = None) -> 
     producer = acknowledging_producer(kafka, "api")
     try:
         await producer.start()
+        signer = EventSigner(settings.event_keys)
+        signer.say_if_off("api")
         publisher = KafkaEventPublisher(
             producer,
             topics,
             EventCodec(max_event_bytes=kafka.max_event_bytes),
             kafka.request_timeout_ms / 1000,
+            signer,
         )
         yield ApiDeps(
             read=PgReadModel(pool),

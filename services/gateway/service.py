@@ -29,6 +29,7 @@ from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.gateway.tenants import EpochBook
 from warmplane.shared.asgi_server import AsgiServer
 from warmplane.shared.emitter import Emitter
+from warmplane.shared.event_signing import EventSigner
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.postgres_pool import open_pool
 from warmplane.shared.topics import Topics
@@ -170,7 +171,10 @@ class Gateway:
                 log.info("from the registry: %d replicas, %d epochs", *seeded)
         await ensure_topics(settings.kafka, (topics.lifecycle,))
         group = f"{options.group_id_prefix}-{options.instance}"
-        follower = self.follower = LifecycleFollower(settings.kafka, topics.lifecycle, group, table, epochs)
+        signer = EventSigner(settings.event_keys)
+        signer.say_if_off("gateway")
+        follower = LifecycleFollower(settings.kafka, topics.lifecycle, group, table, epochs, signer=signer)
+        self.follower = follower
         await follower.start()
         self._stack.push_async_callback(follower.stop)
         try:
