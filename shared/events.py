@@ -127,6 +127,8 @@ class PrefixMissed(_TrafficEvent, kw_only=True, frozen=True, tag="prefix.missed"
 
 
 ReplicaState = Literal["starting", "loading", "warming", "ready", "draining", "gone", "failed"]
+LIVE_REPLICA_STATES: frozenset[ReplicaState] = frozenset({"starting", "loading", "warming", "ready"})
+"""A replica in these states is part of its model's fleet: routed to, or about to be."""
 
 
 class _ReplicaEvent(Event, kw_only=True, frozen=True):

@@ -4,15 +4,14 @@ One JSON object a line: `timestamp` (ms from the start), `input_length`, `output
 `hash_ids`: one id per block of `block_tokens` (512 in the published traces), each standing for its
 block and every block before it, so a request's ids are a prefix chain. The last block may be partial.
 
-The traces hold no text. To replay one against a real engine, `chain_prompt` stands a deterministic run of
-token ids in for each block: two requests sharing their first k hash ids share their first k blocks of
-tokens, and nothing else, as their real prompts did. A replay may also shrink blocks (`block_tokens`
-below the trace's 512) so that long chains fit a small engine's context; token counts scale with it.
+The traces hold no text. To replay one against a real engine, `warmplane.services.devstack.chat_traffic`
+stands a chat message of words in for each block: two requests sharing their first k hash ids share their
+first k messages, and nothing else, as their real prompts did. Events may also shrink blocks
+(`block_tokens` below the trace's 512); token counts scale with it.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -68,15 +67,6 @@ def cumulative_tokens(
     exports) is taken as it is."""
     input_tokens = max(request.input_length * block_tokens // trace_block_tokens, 1)
     return [min(block_tokens * (i + 1), input_tokens) for i in range(len(request.hash_ids))]
-
-
-def chain_prompt(hash_ids: list[int], block_tokens: int, vocab: range) -> list[int]:
-    """Token ids standing in for the blocks `hash_ids`: `block_tokens` ids from `vocab` per block, the
-    same ones for the same hash id in every call and every process."""
-    prompt: list[int] = []
-    for hash_id in hash_ids:
-        prompt += random.Random(hash_id).choices(vocab, k=block_tokens)
-    return prompt
 
 
 def request_event(

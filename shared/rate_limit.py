@@ -19,7 +19,9 @@ class RateLimitSettings(BaseModel):
     average and at most `burst` at once. Refusals are 429 with `Retry-After` in whole seconds."""
 
     requests_per_s: Annotated[float, Field(ge=0)] = 0.0
+    """Requests a second each tenant (or token) may make on average; 0 turns the limit off."""
     burst: Annotated[int, Field(ge=1)] = 100
+    """Requests a tenant (or token) may make at once before the rate applies."""
 
 
 class RateLimiter:

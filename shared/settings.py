@@ -27,15 +27,19 @@ class KafkaSettings(BaseModel):
     """How to reach the broker and how patient to be with it."""
 
     bootstrap_servers: str = "127.0.0.1:9092"
+    """The Kafka cluster."""
     client_id: str = "warmplane"
     topic_prefix: str = Field("warmplane", pattern=r"^[A-Za-z0-9._-]{1,100}$")
+    """Topics are `<prefix>.requests`, `.misses`, `.lifecycle`, `.plans`, `.warm-results`, `.dead-letter`."""
     partitions: PositiveInt = 4
+    """Partitions of the topics Warmplane creates."""
     replication_factor: PositiveInt = 1
     request_timeout_ms: PositiveInt = 10_000
     # A real Kafka refuses sessions under 6 s by default; tests on the embedded broker go lower.
     session_timeout_ms: PositiveInt = 10_000
     heartbeat_interval_ms: PositiveInt = 3_000
     max_event_bytes: PositiveInt = DEFAULT_MAX_EVENT_BYTES
+    """Larger events are dead-lettered."""
     commit_timeout_s: Annotated[float, Field(gt=0)] = 10.0
     lag_interval_s: Annotated[float, Field(gt=0)] = 10.0
     """How often a service reads its consumers' lag into its metrics (one broker round trip each)."""
@@ -54,6 +58,7 @@ class PostgresSettings(BaseModel):
     """The Postgres that holds the planner's state. The URL may hold a password: it is a secret."""
 
     url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/warmplane")
+    """A secret: never logged."""
     pool_size: PositiveInt = 4
     connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
     statement_timeout_ms: PositiveInt = 30_000

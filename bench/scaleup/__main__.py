@@ -36,8 +36,14 @@ from bench.scaleup.arms import Arm, RouterArm, WarmplaneArm
 from bench.scaleup.figures import RunRecord
 from bench.scaleup.report import headline, picture, summarise, table, targets
 from bench.scaleup.run import RunSettings, calibrate, run_arm
-from bench.scaleup.traffic import Slice, TraceError, read_ordered_trace, replay_requests, vocabulary_words
 from bench.summary import SummaryRecorder, Table, add_summary_option, parameters_of
+from warmplane.services.devstack.chat_traffic import (
+    Slice,
+    TraceError,
+    read_ordered_trace,
+    replay_requests,
+    vocabulary_words,
+)
 from warmplane.shared.embedded.vllm_engine import ensure_smollm2
 from warmplane.shared.traces import trace_path
 

@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from bench.scaleup.load import Sample
+from warmplane.services.devstack.chat_load import Sample
 
 MINUTE_S = 60.0
 FLEET_LATE_S = (60.0, 300.0)

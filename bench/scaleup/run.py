@@ -23,8 +23,8 @@ import httpx
 
 from bench.scaleup.arms import MODEL, Arm, Processes, Replica
 from bench.scaleup.figures import RunRecord
-from bench.scaleup.load import Sample, replay, service_times
-from bench.scaleup.traffic import ChatRequest
+from warmplane.services.devstack.chat_load import Sample, replay, service_times
+from warmplane.services.devstack.chat_traffic import ChatRequest
 from warmplane.shared.embedded.processes import free_port, log_tail
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm
 

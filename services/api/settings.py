@@ -52,14 +52,17 @@ class ApiOptions(BaseModel):
 
     http_host: str = "0.0.0.0"  # noqa: S104 - platform teams and CI reach the API from outside its pod
     http_port: Annotated[int, Field(ge=0, le=65_535)] = 8070
+    """`/v1/...` (OpenAPI at `/openapi.json`, `/docs`), `/status`, `/healthz`, `/readyz`."""
     metrics_host: str = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the pod's address
+    """The address `/metrics` is served on."""
     metrics_port: Annotated[int, Field(ge=0, le=65_535)] = 9466
-    """`/metrics` (per-tenant health figures) is served here, not on `http_port`: deployments keep this
-    port inside the cluster (`infra/k8s`: no Service names it; compose: not published)."""
+    """`/metrics` only (per-tenant health figures), not on `http_port`: deployments keep this port inside
+    the cluster (`infra/k8s`: no Service names it; compose: not published)."""
     max_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
-    """Larger request bodies get a 413 (admin actions' bodies are a few hundred bytes)."""
+    """Larger request bodies get a 413, read no further; bodies not sent as `application/json` a 415."""
     rate_limit: RateLimitSettings = RateLimitSettings()
-    """Requests per token (`WARMPLANE_API__RATE_LIMIT__REQUESTS_PER_S`, `__BURST`); off by default."""
+    """Requests per tenant (its tokens share one budget), per token for readers and admins
+    (`WARMPLANE_API__RATE_LIMIT__REQUESTS_PER_S`, `__BURST`); off by default; over it a 429."""
     warm_sets_cache_s: Annotated[float, Field(ge=0)] = 10.0
     """How long a `/v1/warm-sets` answer is reused for the same model, tenant scope and window (0: never):
     it reads every chain node of each warm scope, and the status page asks for every model every 5 s."""
@@ -74,6 +77,8 @@ class ApiOptions(BaseModel):
 class ApiSettings(WarmplaneSettings):
     api: ApiOptions = ApiOptions()
     api_tokens: list[ApiToken] = Field(default_factory=list)
+    """JSON list of `{"name", "token", "role"[, "tenant"]}`; roles `admin` (all, and actions), `reader` (every
+    tenant, no payloads), `tenant` (that tenant only); tokens are secrets, at least 16 characters."""
 
     @field_validator("api_tokens")
     @classmethod

@@ -14,6 +14,7 @@ from warmplane.services.cli.api_client import ApiClient, ApiError
 from warmplane.services.cli.progress import Progress
 from warmplane.services.cli.replica_text import REPLICA_COLUMNS, replica_row, residency_line
 from warmplane.services.cli.tables import render
+from warmplane.shared.events import LIVE_REPLICA_STATES
 
 Handler = Callable[[ApiClient, argparse.Namespace, TextIO], int]
 HANDLERS: dict[str, Handler] = {}
@@ -92,7 +93,9 @@ def _add_actions(commands: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--model", required=True)
     p.add_argument("--tenant", default="")
     p.add_argument("--revision", default="")
-    p.add_argument("--from", dest="from_replicas", type=int, required=True)
+    p.add_argument(
+        "--from", dest="from_replicas", type=int, help="the count before (default: its live replicas now)"
+    )
     p.add_argument("--to", dest="to_replicas", type=int, required=True)
 
 
@@ -230,6 +233,9 @@ def _deploy(client: ApiClient, args: argparse.Namespace, out: TextIO) -> int:
 
 @_handles("scale")
 def _scale(client: ApiClient, args: argparse.Namespace, out: TextIO) -> int:
+    if args.from_replicas is None:
+        replicas = client.get("/v1/replicas", model=args.model)
+        args.from_replicas = sum(1 for r in replicas if r["state"] in LIVE_REPLICA_STATES)
     body = {
         "tenant": args.tenant,
         "model": args.model,

@@ -1,7 +1,9 @@
 """`warmplane`: the command line.
 
-warmplane up [--trace FILE] [--limit N]   the main job on embedded defaults (no settings needed);
-                                          SIGINT or SIGTERM stops all it started, exit 130 or 143
+warmplane up [--trace FILE] [--limit N] [--keep-running]   the main job on embedded defaults (no
+                                          settings needed): the whole product, a real small model, a
+                                          scale-up and its proof; SIGINT or SIGTERM stops all it
+                                          started, exit 130 or 143
 warmplane migrate                         migrate WARMPLANE_POSTGRES__URL to the newest schema
 warmplane planner                         run the planner from WARMPLANE_* settings
 warmplane warmer                          run one node's warmer from WARMPLANE_* settings
@@ -13,7 +15,7 @@ warmplane evaluate-traffic --tenant T --model M [--since 2h]   what warming woul
 Over the API (WARMPLANE_API_URL, WARMPLANE_API_TOKEN; `--json` for scripts):
 warmplane replicas | replica R | plans | epochs | misses | traffic | warm-sets --model M
 warmplane bump-epoch --tenant T --model M | deploy started|finished --model M
-warmplane scale --model M --from N --to N
+warmplane scale --model M --to N [--from N]
 warmplane wait-ready R                    wait for replica R to turn ready, showing its warm-up
 """
 
@@ -44,7 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a Mooncake JSONL trace to replay (default: the conversation trace)",
     )
-    up.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
+    up.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="learn from the trace's first N requests (default 10,000); the next ones are the proof's",
+    )
     up.add_argument(
         "--workdir", type=Path, default=None, help="keep the parts' data here (default: a temp dir)"
     )
@@ -176,7 +183,12 @@ def _evaluate_traffic(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _up(args: argparse.Namespace) -> int:
     from warmplane.services.cli.stop_signals import exit_code, run_until_signalled  # noqa: PLC0415
-    from warmplane.services.cli.up import DEFAULT_TRACE, UpOptions, run_up  # noqa: PLC0415 - see above
+    from warmplane.services.devstack.job import (  # noqa: PLC0415 - see above
+        DEFAULT_TRACE,
+        TraceTooShort,
+        UpOptions,
+        run_up,
+    )
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     if not args.verbose:
@@ -188,7 +200,7 @@ def _up(args: argparse.Namespace) -> int:
     options = UpOptions(args.trace or DEFAULT_TRACE, args.limit, args.workdir, args.keep_running)
     try:
         received = asyncio.run(run_until_signalled(run_up(options, sys.stdout), sys.stdout))
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, TraceTooShort) as exc:
         print(f"warmplane up: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # outside the job's own handlers (before or after it ran)

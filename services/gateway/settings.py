@@ -55,12 +55,17 @@ class GatewayOptions(BaseModel):
 
     http_host: str = "0.0.0.0"  # noqa: S104 - clients reach the gateway from outside its pod
     http_port: Annotated[int, Field(ge=0, le=65_535)] = 8080
+    """`/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/healthz`."""
     metrics_host: str = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the pod's address
+    """The address `/metrics` is served on."""
     metrics_port: Annotated[int, Field(ge=0, le=65_535)] = 9465
-    """`/metrics` (per-tenant counters) is served here, never on the clients' port: deployments keep this
-    port inside the cluster (`infra/k8s`: no Service names it; compose: not published)."""
+    """`/metrics` only (per-tenant counters), never on the clients' port: deployments keep this port inside
+    the cluster (`infra/k8s`: no Service names it; compose: not published)."""
     max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    """Larger bodies get a 413; bodies not sent as `application/json` a 415, nested deeper than 64 levels a
+    400."""
     connect_timeout_s: Seconds = 2.0
+    """To a replica; read is the longest silence."""
     read_timeout_s: Seconds = 600.0
     """Longest silence from a replica: before its answer (non-streaming) or between two chunks."""
     keepalive_s: Seconds = 4.0
@@ -91,6 +96,8 @@ class ResultCacheSettings(BaseModel):
     pgvector)."""
 
     enabled: bool = False
+    """Reuse greedy (`temperature` 0, unstreamed) answers within a tenant's model epoch; answers in Redis
+    (`WARMPLANE_REDIS__URL`)."""
     semantic: bool = False
     """Also answer a query from the nearest earlier one of the same context, if at least `similarity`
     alike. Off by default: the built-in embedding compares characters, not meaning, and a near-identical

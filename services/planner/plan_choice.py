@@ -35,10 +35,10 @@ from warmplane.services.planner.policy import (
     trie_from_counts,
 )
 from warmplane.services.planner.settings import PlanSettings, RingSettings
-from warmplane.shared.events import PrefixPayload, WarmItem
+from warmplane.shared.events import LIVE_REPLICA_STATES, PrefixPayload, WarmItem
 
 log = logging.getLogger(__name__)
-LIVE_STATES = frozenset({"starting", "loading", "warming", "ready"})
+LIVE_STATES = LIVE_REPLICA_STATES
 """The states of a replica that is or will be serving (`replicas.state`): the ring's members."""
 _ENVELOPE_BYTES = 4_096
 """Room a plan's fields other than its items take, with margin (names are at most 128 characters)."""

@@ -20,6 +20,7 @@ class IngestSettings(BaseModel):
     """How the planner consumes and folds events."""
 
     group_id: str = Field("warmplane-planner", min_length=1)
+    """Planners in one group share the partitions."""
     batch_max_records: Positive = 30_000
     """Events a batch holds at most: one transaction each. Under load, fewer and larger transactions
     leave more of the planner's CPU to decoding (bench/ingest_bench.py: 30,000 with two queued against
@@ -31,10 +32,12 @@ class IngestSettings(BaseModel):
     seen (and so a starting replica's plan) when traffic is quiet."""
     max_partition_fetch_bytes: Positive = 4 * 1024 * 1024
     bucket_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
+    """Width of a statistics time bucket."""
     ledger_retention_hours: Hours = 24.0
     dedup_window_per_partition: Annotated[int, Field(ge=1_000)] = 20_000
     """How many recent event ids per partition are checked for a producer's retried duplicates."""
     catalog_retention_hours: Hours = 24.0 * 7
+    """Payloads not seen for this long are dropped."""
     stats_retention_hours: Hours = 24.0 * 31
     """How long request, miss and per-replica sums are kept (by their bucket's time): at least the API's
     longest window (30 days) and the planner's `WARMPLANE_PLANS__WINDOW_HOURS`."""
@@ -42,8 +45,10 @@ class IngestSettings(BaseModel):
     """How long gone replicas and earlier incarnations' plans and transitions are kept (`pg_retention`):
     a replica's latest start and its current plans stay whatever their age."""
     catalog_max_payload_bytes: Positive = 64 * 1024
+    """Larger prefix payloads are dead-lettered."""
     sweep_interval_s: Annotated[float, Field(gt=0)] = 300.0
     node_cache_size: Annotated[int, Field(ge=2)] = 1_000_000
+    """Chain nodes a planner remembers as written (emptied whole when full)."""
     node_cache_max_age_s: Annotated[float, Field(gt=0)] = 3600.0
     """The planner forgets which chain nodes it wrote once the oldest it remembers is this old, so it never
     trusts a node whose path rows the retention sweep may have deleted (`core/node_cache.py` says why)."""
@@ -121,8 +126,10 @@ class RingSettings(BaseModel):
     a prefix is routed to decides which replica's plan it belongs in."""
 
     depth: Annotated[int, Field(ge=0, le=64)] = 0
+    """Chain element routed by (must match the planner's `routing_depth`)."""
     vnodes: Annotated[int, Field(ge=1, le=4096)] = 128
     load_factor: Annotated[float, Field(ge=1)] = 1.25
+    """Bounded load, ring points."""
 
 
 class ColdStartSettings(BaseModel):

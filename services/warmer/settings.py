@@ -54,8 +54,10 @@ class WarmSettings(BaseModel):
     """vLLM priority of warm and probe requests; real traffic at 0 is served first."""
     connect_timeout_s: Seconds = 2.0
     request_timeout_s: Seconds = 60.0
+    """Per warm or probe request; `__ATTEMPTS` (`2`) tries for timeouts and 5xx."""
     health_timeout_s: Seconds = 2.0
     health_interval_s: Seconds = 1.0
+    """`/health` checks; `__CRASH_AFTER_FAILURES` (`3`) failed ones mean crashed."""
     crash_after_failures: Annotated[int, Field(ge=1, le=100)] = 3
     """Consecutive failed health checks after which a replica that answered is reported crashed."""
     max_kv_fill: Annotated[float, Field(gt=0, le=1)] = 0.8
@@ -92,7 +94,10 @@ class ReadinessSettings(BaseModel):
 
 class WarmerSettings(WarmplaneSettings):
     node: Name
+    """The node's name: plans are addressed to it."""
     engines: list[EngineSettings] = Field(default_factory=list)
+    """JSON list of `{"replica", "url", "served_model", "model_revision", "block_size"}`, and the engine's KV
+    events: `"kv_events_endpoint"`, `"kv_events_replay_endpoint"` (below)."""
     tenant_secrets: dict[str, SecretStr] = Field(default_factory=dict)
     """Each tenant's cache-salt secret, shared with the gateway; a tenant without one is never warmed."""
     group_id_prefix: Annotated[str, Field(min_length=1)] = "warmplane-warmer"

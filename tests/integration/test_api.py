@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -28,6 +27,7 @@ from tests.integration.api_harness import (
     bearer,
     running_api,
 )
+from tests.integration.chromium import SCREENSHOTS, chromium
 from tests.integration.conftest import fresh_database, planner_settings_for
 from tests.integration.planner_harness import (
     MODEL,
@@ -60,7 +60,6 @@ _TIMEOUT_S = 30.0
 OLD_AGE = timedelta(hours=3)
 OLD_WINDOW_S = 4 * 3600
 GLOBEX_SECRET = "globex confidential system prompt"
-SCREENSHOTS = Path(__file__).parents[2] / ".warmplane" / "screenshots"
 
 
 @dataclass
@@ -509,33 +508,11 @@ async def test_no_input_from_the_openapi_document_gets_a_server_error(world: Wor
     assert run.returncode == 0, output.decode(errors="replace")[-6000:]
 
 
-async def _chromium(*args: str) -> bytes:
-    """Run headless Chromium (Debian's, `make browser` installs it) to its end; its stdout."""
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert binary, "Chromium is not installed: run `make browser` (the README's test command does)"
-    run = await asyncio.create_subprocess_exec(
-        binary,
-        "--headless",
-        "--no-sandbox",  # CI runs as root
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--hide-scrollbars",
-        "--window-size=1280,900",
-        "--virtual-time-budget=10000",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    output, _ = await asyncio.wait_for(run.communicate(), 120)
-    assert run.returncode == 0, f"chromium exited with {run.returncode}"
-    return output
-
-
-async def test_the_status_page_shows_replicas_warm_sets_and_health_in_headless_chromium(world: World) -> None:
+async def test_the_status_page_shows_replicas_warm_sets_and_health_in_headlesschromium(world: World) -> None:
     """The page loads its figures with the token from its fragment (never sent to the server) and
     renders them; the screenshot stays in .warmplane/screenshots/ for people to look at."""
     url = f"{world.api.url}/status#token={READER}"
-    dom = (await _chromium("--dump-dom", url)).decode()
+    dom = (await chromium("--dump-dom", url)).decode()
     assert 'data-loaded="true"' in dom, dom[-3000:]
     assert '<span class="state starting">starting</span>' in dom
     replica_row = dom[dom.index("<td>r-1</td>") :].split("</tr>", 1)[0]
@@ -551,7 +528,7 @@ async def test_the_status_page_shows_replicas_warm_sets_and_health_in_headless_c
     shot = SCREENSHOTS / "status-page.png"
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shot.unlink(missing_ok=True)
-    await _chromium(f"--screenshot={shot}", url)
+    await chromium(f"--screenshot={shot}", url)
     image = shot.read_bytes()
     assert image[:8] == b"\x89PNG\r\n\x1a\n" and len(image) > 10_000
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from tests.integration.planner_harness import produce, run_warmplane
-from warmplane.services.cli.up import DEFAULT_TRACE
+from warmplane.services.devstack.job import DEFAULT_TRACE
 from warmplane.services.planner.trace_eval.evaluation import evaluate
 from warmplane.services.planner.trace_eval.fleet_sim import requests_from_trace
 from warmplane.services.planner.trace_eval.params import EvalParams

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 
 from tests.integration.planner_harness import read_topic, run_warmplane
-from warmplane.services.cli.up import DEFAULT_TRACE
+from warmplane.services.devstack.job import DEFAULT_TRACE
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka
 from warmplane.shared.events import RequestObserved

@@ -21,7 +21,7 @@ from warmplane.services.cli.own_trace import (
     select,
     to_trace,
 )
-from warmplane.services.cli.up import DEFAULT_TRACE
+from warmplane.services.devstack.job import DEFAULT_TRACE
 from warmplane.services.planner.trace_eval.fleet_sim import requests_from_trace
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import ModelRef, RequestObserved

@@ -1,10 +1,9 @@
-"""The main job's fleet: local vLLM engines as replicas of one node, a warmer driving them, and the proof.
+"""The development stack's fleet: local vLLM engines as the replicas of one node, and the warmer driving them.
 
-Replica 0 starts with the job, while the trace is replayed, and serves cold (nothing is known yet). Once
-the planner has counted the trace, replica 1 is scheduled: its warmer announces it, the planner plans it
-from what the trace taught, the warmer pre-fills and verifies the plan, and only then is it ready. Then
-the trace's most recent requests are sent to both replicas alike (real completions, the tenant's salt),
-and the cached share of their prompts is compared: the warmed replica against a cold one.
+A replica is scheduled as a pod with its sidecar is: the warmer announces it at once and drives it while
+its engine loads in a thread (a vLLM start blocks), so the planner can plan it meanwhile. The engines serve
+SmolLM2-135M-Instruct, a real small model, on the CPU build. `cold_reference` starts one more engine of the
+same model that no warmer knows: the baseline a warmed newcomer is compared with.
 """
 
 from __future__ import annotations
@@ -12,12 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-import httpx
 from pydantic import SecretStr
 
 from warmplane.services.warmer.core.replica import Phase
@@ -31,17 +29,15 @@ from warmplane.services.warmer.settings import (
 )
 from warmplane.shared.cache_salt import derive_cache_salt
 from warmplane.shared.embedded.processes import free_port
-from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, MAX_MODEL_LEN, EmbeddedVllm, ensure_tiny_model
-from warmplane.shared.mooncake_trace import TraceRequest, chain_prompt
+from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm
 from warmplane.shared.settings import KafkaSettings
 
 NODE = "node-0"
-VOCAB = range(256, 8192)
-"""Token ids the stand-in prompts use: the tiny model's vocabulary above its special tokens."""
-PAYLOAD_DEPTHS = (4, 8, 16, 32, 64)
-"""Chain elements whose payloads a replay publishes (the first time each is seen)."""
-PROBE_DEPTH = 64
-"""Blocks of a trace request a comparison request sends (its prompt: 64 x 32 = 2,048 tokens)."""
+COLD_REFERENCE = "cold-reference"
+START_TIMEOUT_S = 900.0
+"""A CPU engine starts in about a minute on a quiet 2-core machine, five times that on a busy one."""
+KV_CACHE_GIB = 2
+"""Each engine's KV cache: SmolLM2 keeps about 23 KB a token, so some 90,000 tokens, more than a plan."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,17 +55,26 @@ class WarmSummary:
 
 
 class Fleet:
-    """Engines (started in threads: a vLLM start blocks) and the warmer of their node."""
+    """Engines of `model_dir` served as `model` (started in threads: a vLLM start blocks) and the warmer of
+    their node; the tenant's secret derives the salt its warm-ups carry, as the gateway's traffic does."""
 
     def __init__(
-        self, workdir: Path, model: str, kafka: KafkaSettings, tenant: str, secret: SecretStr
+        self,
+        workdir: Path,
+        *,
+        model: str,
+        model_dir: Path,
+        kafka: KafkaSettings,
+        tenant: str,
+        secret: SecretStr,
     ) -> None:
         self._workdir = workdir
-        self._model = model
+        self.model = model
+        self._model_dir = model_dir
         self._tenant = tenant
         self._secret = secret
-        self.engines: list[EmbeddedVllm] = []
-        self._starts: list[asyncio.Task[None]] = []
+        self.engines: dict[str, EmbeddedVllm] = {}
+        self._starts: dict[str, asyncio.Task[None]] = {}
         self.warmer = Warmer(
             WarmerSettings(
                 kafka=kafka,
@@ -92,53 +97,79 @@ class Fleet:
         # A start under way runs in a thread that cannot be cancelled; stopping its engine ends it at once
         # (the start fails), where waiting for it could take the whole start timeout. Stops run side by
         # side: each waits for vLLM's graceful exit, a few seconds.
-        stops = [asyncio.to_thread(engine.stop) for engine in self.engines]
+        stops = [asyncio.to_thread(engine.stop) for engine in self.engines.values()]
         failures = await asyncio.gather(*stops, return_exceptions=True)
-        await asyncio.gather(*self._starts, return_exceptions=True)
+        await asyncio.gather(*self._starts.values(), return_exceptions=True)
         await self._stack.aclose()
         for failure in failures:
             if failure is not None:
                 raise failure
 
+    @property
+    def replicas(self) -> int:
+        """Replicas scheduled so far (the cold reference is none of them)."""
+        return len(self.warmer.drivers)
+
     def check_starts(self) -> None:
         """Raise what stopped an engine from starting (the engine's log tail), if one did."""
-        for starting in self._starts:
+        for starting in self._starts.values():
             if starting.done() and starting.exception() is not None:
                 starting.result()
 
-    async def schedule(self, index: int) -> ReplicaDriver:
-        """Hand engine `index` to the warmer and start it, as a pod's sidecar starts beside its engine:
-        the replica is announced at once and the engine loads in the background (`wait_ready`)."""
-        model_dir = await asyncio.to_thread(ensure_tiny_model)
-        engine = EmbeddedVllm(
-            self._workdir / f"vllm-{index}",
-            model_dir,
-            served_model_name=self._model,
-            omp_threads_bind=index % 2,
-            kv_events=True,
-            port=free_port(),
-        )
-        self.engines.append(engine)
+    def schedule(self) -> ReplicaDriver:
+        """Hand the next replica's engine to the warmer and start it: the replica is announced at once and
+        the engine loads in the background (`wait_ready`)."""
+        replica = f"replica-{self.replicas}"
+        engine = self._engine(replica, core=self.replicas % 2)
         driver = self.warmer.add_engine(
             EngineSettings(
-                replica=f"replica-{index}",
+                replica=replica,
                 url=engine.base_url,
-                served_model=self._model,
+                served_model=self.model,
                 block_size=BLOCK_SIZE,
                 kv_events_endpoint=engine.kv_events_endpoint,
                 kv_events_replay_endpoint=engine.kv_events_replay_endpoint,
             )
         )
-        starting = asyncio.create_task(asyncio.to_thread(engine.start), name=f"start vllm-{index}")
-        self._starts.append(starting)
         return driver
 
+    def cold_reference(self) -> EmbeddedVllm:
+        """Start an engine of the same model that no warmer drives and no router knows: cold by
+        construction. Returns at once; `started` waits for it."""
+        return self._engine(COLD_REFERENCE, core=0)
+
+    def _engine(self, name: str, *, core: int) -> EmbeddedVllm:
+        engine = EmbeddedVllm(
+            self._workdir / f"vllm-{name}",
+            self._model_dir,
+            served_model_name=self.model,
+            omp_threads_bind=core,
+            kv_cache_space_gib=KV_CACHE_GIB,
+            kv_events=True,
+            port=free_port(),
+            start_timeout_s=START_TIMEOUT_S,
+        )
+        self.engines[name] = engine
+        self._starts[name] = asyncio.create_task(asyncio.to_thread(engine.start), name=f"start {name}")
+        return engine
+
+    async def started(self, name: str) -> EmbeddedVllm:
+        """Engine `name` once it answers; raises what stopped it from starting (its log's tail)."""
+        await asyncio.shield(self._starts[name])
+        return self.engines[name]
+
+    async def stop_engine(self, name: str) -> None:
+        """Stop engine `name` (the cold reference once it has served its purpose)."""
+        engine = self.engines.pop(name)
+        await asyncio.to_thread(engine.stop)
+        await asyncio.gather(self._starts.pop(name), return_exceptions=True)
+
     def salt(self, epoch: int = 0) -> str:
-        return derive_cache_salt(self._secret, self._tenant, self._model, epoch)
+        return derive_cache_salt(self._secret, self._tenant, self.model, epoch)
 
 
 async def wait_ready(
-    driver: ReplicaDriver, out: TextIO, *, check: Callable[[], None], timeout_s: float = 600.0
+    driver: ReplicaDriver, out: TextIO, *, check: Callable[[], None], timeout_s: float = 900.0
 ) -> WarmSummary:
     """Show the replica's phase and warm progress until it is ready (on a terminal, one line rewritten;
     otherwise a line per phase and at most one every 10 s); what its warm achieved. `check()` raises what
@@ -182,34 +213,3 @@ async def wait_ready(
         reason=driver.tracker.reason,
         failures=0 if report is None else len(report.failures),
     )
-
-
-def payload_depth(request: TraceRequest, seen: set[int]) -> int | None:
-    """The chain depth whose payload a replayed request carries: the deepest of `PAYLOAD_DEPTHS` it
-    reaches and that no earlier request carried; None if all were carried."""
-    for depth in reversed(PAYLOAD_DEPTHS):
-        if len(request.hash_ids) >= depth and request.hash_ids[depth - 1] not in seen:
-            seen.add(request.hash_ids[depth - 1])
-            return depth
-    return None
-
-
-async def cached_shares(
-    engines: Sequence[EmbeddedVllm], model: str, requests: Sequence[TraceRequest], salt: str
-) -> list[float]:
-    """Send `requests` (their first `PROBE_DEPTH` blocks, as token ids) to each engine in turn, in order;
-    per engine, the share of prompt tokens its prefix cache served."""
-    shares = []
-    for engine in engines:
-        cached = total = 0
-        async with httpx.AsyncClient(base_url=engine.base_url, timeout=60.0) as http:
-            for request in requests:
-                prompt = chain_prompt(request.hash_ids[:PROBE_DEPTH], BLOCK_SIZE, VOCAB)[: MAX_MODEL_LEN - 1]
-                body = {"model": model, "prompt": prompt, "max_tokens": 1, "cache_salt": salt}
-                response = await http.post("/v1/completions", json=body)
-                response.raise_for_status()
-                usage = response.json()["usage"]
-                cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-                total += usage["prompt_tokens"]
-        shares.append(cached / max(total, 1))
-    return shares

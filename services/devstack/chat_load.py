@@ -1,26 +1,30 @@
-"""The scenario's load generator: an open loop that sends each request at its time, streamed, and records
-what a client sees: time to the first chunk, which replica answered, and the engine's usage figures.
+"""Chat traffic as a client sends it: an open loop that sends each request at its time, streamed, and
+records what a client sees: time to the first chunk, which replica answered, and the engine's usage figures.
+The main job's live traffic and the scale-up scenario (`bench.scaleup`) both send with it.
 
 Open loop: a request is sent at its time whether or not earlier ones have been answered, as users do, so a
-slow replica builds a queue instead of slowing the offered load. Which replica served a request is read from
-the chunks' `model` field: each engine is started with its own name first (`smol-r1`) and the shared name
-second, and vLLM answers with its first served name (`vllm/entrypoints/openai/models/serving.py`,
-`model_name()`), whichever name the client asked for.
+slow replica builds a queue instead of slowing the offered load. Which replica served a request is the
+gateway's `x-warmplane-replica` header when there is one; else it is read from the chunks' `model` field:
+each engine is started with its own name first (`smol-r1`) and the shared name second, and vLLM answers
+with its first served name (`vllm/entrypoints/openai/models/serving.py`, `model_name()`), whichever name
+the client asked for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import httpx
 import msgspec
 
-from bench.scaleup.traffic import ChatRequest
+from warmplane.services.devstack.chat_traffic import ChatRequest
 
 REQUEST_TIMEOUT_S = 300.0
+REPLICA_HEADER = "x-warmplane-replica"
+"""The gateway's answer names the replica that served it (`warmplane.services.gateway.proxy`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,7 @@ async def _send(
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")[:300]
                 return Sample(sent, None, None, response.status_code, error=text)
+            replica = response.headers.get(REPLICA_HEADER)
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
@@ -85,8 +90,9 @@ async def _send(
     )
 
 
-def _body(request: ChatRequest, model: str) -> dict[str, object]:
+def _body(request: ChatRequest, model: str, extra: Mapping[str, object]) -> dict[str, object]:
     return {
+        **extra,
         "model": model,
         "messages": request.messages,
         "max_tokens": request.max_tokens,
@@ -97,6 +103,48 @@ def _body(request: ChatRequest, model: str) -> dict[str, object]:
     }
 
 
+async def closed_loop(
+    base_url: str, requests: Sequence[ChatRequest], *, model: str, extra_body: Mapping[str, object]
+) -> list[Sample]:
+    """Send `requests` one after another to `base_url`'s chat completions, streamed, with `extra_body`'s
+    fields added: what each costs with nothing else in flight."""
+    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
+        return [
+            await _send(client, "/v1/chat/completions", _body(request, model, extra_body), {}, "")
+            for request in requests
+        ]
+
+
+async def within(
+    base_url: str,
+    requests: Sequence[ChatRequest],
+    *,
+    model: str,
+    headers: dict[str, str],
+    concurrency: int,
+    budget_s: float,
+) -> list[Sample]:
+    """Send `requests` in order, `concurrency` at a time, until all were sent or `budget_s` has passed
+    (those not yet sent then are not); the samples of those sent, in the order they were sent. Sized to
+    the time, not to the count: a slow machine sends fewer, none waits in a queue it cannot drain."""
+    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)
+    deadline = time.monotonic() + budget_s
+    pending = iter(enumerate(requests))
+    samples: dict[int, Sample] = {}
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        for index, request in pending:
+            if time.monotonic() > deadline:
+                return
+            body = _body(request, model, {})
+            samples[index] = await _send(client, "/v1/chat/completions", body, headers, "")
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    return [samples[index] for index in sorted(samples)]
+
+
 async def service_times(base_url: str, requests: Sequence[ChatRequest], *, model: str) -> list[float]:
     """Send `requests` one after another (closed loop) and time each to its last chunk: what one request
     costs the engine alone, in seconds. Raises `RuntimeError` for a request that fails."""
@@ -105,7 +153,7 @@ async def service_times(base_url: str, requests: Sequence[ChatRequest], *, model
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
         for request in requests:
             began = time.monotonic()
-            sample = await _send(client, "/v1/chat/completions", _body(request, model), {}, "")
+            sample = await _send(client, "/v1/chat/completions", _body(request, model, {}), {}, "")
             if sample.status != 200:
                 raise RuntimeError(f"a calibration request failed: {sample.status} {sample.error}")
             times.append(time.monotonic() - began)
@@ -120,9 +168,11 @@ async def replay(
     replica_prefix: str,
     headers: dict[str, str],
     start: float,
+    extra_body: Mapping[str, object] | None = None,
 ) -> list[Sample]:
-    """Send every request at `start + at_s` (monotonic clock) to `base_url`'s chat completions; the samples
-    in the order the requests were sent. Returns once every request has been answered or has failed."""
+    """Send every request at `start + at_s` (monotonic clock) to `base_url`'s chat completions, with
+    `extra_body`'s fields added (an engine's `cache_salt`); the samples in the order the requests were
+    sent. Returns once every request has been answered or has failed."""
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
     timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=timeout) as client:
@@ -131,7 +181,7 @@ async def replay(
             delay = start + request.at_s - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)  # the open loop's schedule, not a wait for a condition
-            body = _body(request, model)
+            body = _body(request, model, extra_body or {})
             tasks.append(
                 asyncio.create_task(_send(client, "/v1/chat/completions", body, headers, replica_prefix))
             )

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from bench.scaleup.figures import RunRecord, percentile, run_figures
-from bench.scaleup.load import Sample, replica_of
-from bench.scaleup.traffic import (
+from warmplane.services.devstack.chat_load import Sample, replica_of
+from warmplane.services.devstack.chat_traffic import (
     Slice,
     TraceError,
     chat_messages,

@@ -1,0 +1,27 @@
+"""`docs/settings.md` is what the code reads, and the README names no variable that the code does not."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from warmplane.services.settings_reference import reference
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_the_settings_reference_is_generated_from_the_code() -> None:
+    page = (ROOT / "docs" / "settings.md").read_text()
+    assert page == reference(), (
+        "docs/settings.md differs from the code's settings: regenerate it with "
+        "`python -m warmplane.services.settings_reference > docs/settings.md`"
+    )
+
+
+def test_every_variable_the_readme_names_is_one_a_service_reads() -> None:
+    known = set(re.findall(r"`(WARMPLANE_[A-Z0-9_]+)`", reference()))
+    named = set(re.findall(r"\b(WARMPLANE_[A-Z0-9_]*[A-Z0-9])\b", (ROOT / "README.md").read_text()))
+    # Variables of the parts the services do not own: the vLLM venv (tests, `make vllm`) and the CLI's.
+    outside = {"WARMPLANE_VLLM_VENV"}
+    groups = {name for name in named if any(k.startswith(f"{name}__") for k in known)}
+    assert named - known - outside - groups == set()
