@@ -52,14 +52,15 @@ def reference() -> str:
         prefix = str(settings.model_config.get("env_prefix", ""))
         parts.append(f"\n## {service} (`{settings.__module__}.{settings.__name__}`)\n")
         parts.append("\n| variable | type | default | what |\n|---|---|---|---|\n")
-        for name, info, owner in _fields(settings, prefix):
-            doc = _docstrings(owner).get(name.rsplit("__", 1)[-1].lower(), "")
+        for name, field, info, owner in _fields(settings, prefix):
+            doc = _docstrings(owner).get(field, "")
             parts.append(f"| `{name}` | {_type(info.annotation)} | {_default(info)} | {_cell(doc)} |\n")
     return "".join(parts)
 
 
-def _fields(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, FieldInfo, type[BaseModel]]]:
-    """(variable, field, the class declaring it), nested models' fields under `<PREFIX><FIELD>__`."""
+def _fields(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, str, FieldInfo, type[BaseModel]]]:
+    """(variable, field name, field, the class declaring it), nested models' fields under
+    `<PREFIX><FIELD>__`."""
     for field_name, info in model.model_fields.items():
         name = f"{prefix}{field_name}".upper()
         nested = info.annotation
@@ -70,7 +71,7 @@ def _fields(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, FieldInf
         ):
             yield from _fields(nested, f"{name}__")
         else:
-            yield name, info, _declaring(model, field_name)
+            yield name, field_name, info, _declaring(model, field_name)
 
 
 def _declaring(model: type[BaseModel], field_name: str) -> type[BaseModel]:
@@ -82,24 +83,46 @@ def _declaring(model: type[BaseModel], field_name: str) -> type[BaseModel]:
 
 @cache
 def _docstrings(klass: type) -> dict[str, str]:
-    """The docstrings that follow a class's attribute declarations (the codebase's way of saying what a
-    setting means), by attribute name."""
+    """What each attribute of a class means, by name: the docstring that follows its declaration (the
+    codebase's way of saying it), else the comment lines just above it or the comment ending its line."""
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        source = textwrap.dedent(inspect.getsource(klass))
     except (OSError, TypeError):
         return {}
+    lines = source.splitlines()
+    tree = ast.parse(source)
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     found: dict[str, str] = {}
-    for statement, following in itertools.pairwise(body):
+    for statement, following in itertools.pairwise([*body, None]):
+        if not isinstance(statement, ast.AnnAssign) or not isinstance(statement.target, ast.Name):
+            continue
         if (
-            isinstance(statement, ast.AnnAssign)
-            and isinstance(statement.target, ast.Name)
-            and isinstance(following, ast.Expr)
+            isinstance(following, ast.Expr)
             and isinstance(following.value, ast.Constant)
             and isinstance(following.value.value, str)
         ):
-            found[statement.target.id] = " ".join(following.value.value.split())
+            text = following.value.value
+        else:
+            text = _comments(lines, statement.lineno - 1, statement.end_lineno or statement.lineno)
+        if text:
+            found[statement.target.id] = " ".join(text.split())
     return found
+
+
+def _comments(lines: list[str], first: int, end: int) -> str:
+    """The comment lines right above line index `first`, else the comment that ends line `end` (not a
+    linter's `noqa`)."""
+    above: list[str] = []
+    index = first - 1
+    while index >= 0 and lines[index].strip().startswith("#"):
+        above.insert(0, lines[index].strip().lstrip("#").strip())
+        index -= 1
+    if above:
+        return " ".join(above)
+    _, _, trailing = lines[end - 1].partition("  # ")
+    if trailing.startswith("noqa"):  # `noqa: RULE - why`: the why
+        return trailing.partition(" - ")[2]
+    return trailing
 
 
 def _type(annotation: Any) -> str:

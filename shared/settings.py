@@ -29,18 +29,23 @@ class KafkaSettings(BaseModel):
     bootstrap_servers: str = "127.0.0.1:9092"
     """The Kafka cluster."""
     client_id: str = "warmplane"
+    """Prefix of the client ids each service gives the broker (its logs and quotas name them)."""
     topic_prefix: str = Field("warmplane", pattern=r"^[A-Za-z0-9._-]{1,100}$")
     """Topics are `<prefix>.requests`, `.misses`, `.lifecycle`, `.plans`, `.warm-results`, `.dead-letter`."""
     partitions: PositiveInt = 4
     """Partitions of the topics Warmplane creates."""
     replication_factor: PositiveInt = 1
+    """Replicas of each topic Warmplane creates (3 on a production cluster)."""
     request_timeout_ms: PositiveInt = 10_000
+    """How long one request to the broker may take before the client gives up on it."""
     # A real Kafka refuses sessions under 6 s by default; tests on the embedded broker go lower.
     session_timeout_ms: PositiveInt = 10_000
     heartbeat_interval_ms: PositiveInt = 3_000
+    """How often a consumer tells its group it is alive (a third of the session timeout or less)."""
     max_event_bytes: PositiveInt = DEFAULT_MAX_EVENT_BYTES
     """Larger events are dead-lettered."""
     commit_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    """How long committing consumed offsets may take before the consumer stops and says so."""
     lag_interval_s: Annotated[float, Field(gt=0)] = 10.0
     """How often a service reads its consumers' lag into its metrics (one broker round trip each)."""
 
@@ -60,8 +65,11 @@ class PostgresSettings(BaseModel):
     url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:5432/warmplane")
     """A secret: never logged."""
     pool_size: PositiveInt = 4
+    """Connections each service keeps open."""
     connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    """How long opening a connection may take."""
     statement_timeout_ms: PositiveInt = 30_000
+    """Longest a statement may run before Postgres cancels it."""
 
     @field_validator("url")
     @classmethod
@@ -83,20 +91,23 @@ class PostgresSettings(BaseModel):
 
 class RedisSettings(BaseModel):
     url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    """The gateway's result cache (exact answers); a secret: never logged."""
     socket_timeout_s: Annotated[float, Field(gt=0)] = 2.0
+    """Longest wait for one Redis reply."""
 
 
 class WarmplaneSettings(BaseSettings):
-    """The base of every service's settings: the parts all of them reach."""
+    """The base of every service's settings: the broker all of them reach, and logging. A service
+    declares only the parts it uses (`DatabaseSettings`, a Redis of its own), so its settings, and the
+    reference generated from them (`docs/settings.md`), list nothing it ignores."""
 
     model_config = SettingsConfigDict(
         env_prefix="WARMPLANE_", env_nested_delimiter="__", extra="forbid", validate_default=True
     )
 
     kafka: KafkaSettings = KafkaSettings()
-    postgres: PostgresSettings = PostgresSettings()
-    redis: RedisSettings = RedisSettings()
     log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
+    """DEBUG, INFO, WARNING or ERROR."""
     event_keys: list[SecretStr] = Field(default_factory=list, max_length=2)
     """Keys that sign control events (lifecycle, epoch, plans; `event_signing.py`): the first signs, either
     verifies (rotation: add the new key second, then swap, then drop the old). Empty: nothing is signed or
@@ -108,6 +119,13 @@ class WarmplaneSettings(BaseSettings):
         if any(len(key.get_secret_value()) < MIN_EVENT_KEY_CHARS for key in keys):
             raise ValueError(f"event keys must be at least {MIN_EVENT_KEY_CHARS} characters")
         return keys
+
+
+class DatabaseSettings(WarmplaneSettings):
+    """The settings of a service that reads or writes Warmplane's Postgres (the planner, the API, the
+    gateway's registry seed, `warmplane migrate`)."""
+
+    postgres: PostgresSettings = PostgresSettings()
 
 
 class SettingsError(SystemExit):
@@ -139,10 +157,13 @@ class EmitterSettings(BaseModel):
     """
 
     client_id: Annotated[str, Field(min_length=1, max_length=128)] = "warmplane-emitter"
+    """The producer's client id at the broker."""
     # aiokafka keeps one request in flight per connection; a second one lets client and broker overlap.
     connections: Annotated[int, Field(ge=1, le=8)] = 2
     buffer_max_events: PositiveInt = 100_000
+    """Events the buffer holds at most; beyond it events are dropped and counted."""
     buffer_max_bytes: PositiveInt = 64 * 1024 * 1024
+    """Bytes the buffer holds at most; beyond it events are dropped and counted."""
     # Events the sender takes off one topic's queue per cycle (split across its partitions); a cycle holds
     # the event loop for about 1 µs an event, so this also bounds the sender's pauses of the serving code.
     batch_max_events: PositiveInt = 2_000
@@ -151,13 +172,19 @@ class EmitterSettings(BaseModel):
     # How long an event may wait for companions before a batch that is not full goes out.
     linger_ms: Annotated[float, Field(ge=0, le=10_000)] = 5.0
     max_payload_bytes: PositiveInt = 64 * 1024
+    """A prefix payload larger than this is left off its event (the event still goes)."""
     send_timeout_s: Annotated[float, Field(gt=0)] = 10.0  # bounds handing one batch to the producer
     send_retries: Annotated[int, Field(ge=0, le=100)] = 3  # after the first attempt; then `send_failed`
     retry_backoff_min_s: Annotated[float, Field(gt=0)] = 0.1
+    """First wait before a failed batch is sent again; it doubles up to the maximum."""
     retry_backoff_max_s: Annotated[float, Field(gt=0)] = 5.0
+    """Longest wait between two sends of a failed batch."""
     connect_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    """How long starting the producer (reaching the broker) may take."""
     close_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    """How long closing may take to send what is buffered; the rest is dropped and counted."""
     acks: Literal["all", "1"] = "all"
+    """`all`: a batch counts as sent once every in-sync replica has it; `1`: once the leader has it."""
     # Only codecs whose library is installed work; the emitter refuses the others at construction.
     compression: Literal["gzip", "lz4", "zstd"] | None = None
     # Partition keys whose murmur2 is remembered (murmur2 costs 3-4 µs in Python; 0 disables the cache).

@@ -19,7 +19,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
 from warmplane.shared.rate_limit import RateLimitSettings
-from warmplane.shared.settings import MIN_KEY_CHARS, WarmplaneSettings
+from warmplane.shared.settings import MIN_KEY_CHARS, DatabaseSettings
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
 Role = Literal["admin", "reader", "tenant"]
@@ -74,7 +74,7 @@ class ApiOptions(BaseModel):
     """The planner's statistics bucket width (`WARMPLANE_INGEST__BUCKET_SECONDS`): they must agree."""
 
 
-class ApiSettings(WarmplaneSettings):
+class ApiSettings(DatabaseSettings):
     api: ApiOptions = ApiOptions()
     api_tokens: list[ApiToken] = Field(default_factory=list)
     """JSON list of `{"name", "token", "role"[, "tenant"]}`; roles `admin` (all, and actions), `reader` (every

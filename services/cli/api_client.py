@@ -18,8 +18,11 @@ class ApiClientSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="WARMPLANE_", extra="ignore")
 
     api_url: str = Field("http://127.0.0.1:8070", pattern=r"^https?://[^\s]+$")
+    """The API the CLI's commands talk to."""
     api_token: SecretStr = SecretStr("")
+    """A bearer token of the API (`WARMPLANE_API_TOKENS` lists them); a secret."""
     api_timeout_s: float = Field(10.0, gt=0)
+    """Longest wait for one API answer."""
 
 
 class ApiError(Exception):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from warmplane.services.cli import api_commands
 from warmplane.services.cli.api_client import ApiClient, ApiClientSettings
-from warmplane.shared.settings import WarmplaneSettings, load_settings
+from warmplane.shared.settings import DatabaseSettings, WarmplaneSettings, load_settings
 
 # The main job and the services import their own dependencies (alembic, faststream, the embedded
 # parts) only when they run: the API commands start in a fraction of the time.
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "migrate":
         from warmplane.shared import migrate  # noqa: PLC0415 - see the imports above
 
-        settings = load_settings(WarmplaneSettings)
+        settings = load_settings(DatabaseSettings)
         migrate.upgrade(settings.postgres.sqlalchemy_url())
         print("database is at the newest schema")
         return 0

@@ -15,7 +15,7 @@ from typing import Annotated, Self
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
 from warmplane.shared.rate_limit import RateLimitSettings
-from warmplane.shared.settings import MIN_KEY_CHARS, EmitterSettings, WarmplaneSettings
+from warmplane.shared.settings import MIN_KEY_CHARS, DatabaseSettings, EmitterSettings, RedisSettings
 
 Seconds = Annotated[float, Field(gt=0)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
@@ -37,11 +37,13 @@ class RoutingSettings(BaseModel):
     """The chain element requests are routed by (0: the root; the last one for a shorter chain), as the
     planner's `RoutingShare(routing_depth=...)` assumes. Deeper spreads traffic sharing a system prompt."""
     vnodes: Annotated[int, Field(ge=1, le=4096)] = 128
+    """Points each replica has on the ring (the planner's must match)."""
     load_factor: Annotated[float, Field(ge=1)] = 1.25
     """A replica takes at most this times its weighted share of the requests in flight."""
     ramp_s: Annotated[float, Field(ge=0)] = 60.0
     """A replica that just turned ready grows from `ramp_min_weight` to full weight over this long."""
     ramp_min_weight: Annotated[float, Field(gt=0, le=1)] = 0.1
+    """The ring weight a replica that just turned ready starts at."""
     eject_s: Seconds = 30.0
     """A replica that failed a connection or died mid-stream is left out this long, or until it
     reports ready again."""
@@ -80,6 +82,7 @@ class GatewayOptions(BaseModel):
     instance: Name = "gateway"
     """This instance's name: its lifecycle consumer group is `<group_id_prefix>-<instance>`."""
     group_id_prefix: Name = "warmplane-gateway"
+    """The lifecycle follower's consumer group is `<prefix>-<instance>` (never committed)."""
     rate_limit: RateLimitSettings = RateLimitSettings()
     """Requests per tenant (`WARMPLANE_GATEWAY__RATE_LIMIT__REQUESTS_PER_S`, `__BURST`); off by default."""
     catch_up_timeout_s: Seconds = 30.0
@@ -88,6 +91,7 @@ class GatewayOptions(BaseModel):
     """At start, read ready replicas and epochs from the planner's Postgres (`WARMPLANE_POSTGRES__URL`)
     before the lifecycle topic, which keeps events only for its retention."""
     registry_timeout_s: Seconds = 10.0
+    """How long start-up may spend seeding replicas and epochs from the planner's tables."""
 
 
 class ResultCacheSettings(BaseModel):
@@ -103,9 +107,11 @@ class ResultCacheSettings(BaseModel):
     alike. Off by default: the built-in embedding compares characters, not meaning, and a near-identical
     query can still ask something else ("... in France?" / "... in Francia?")."""
     similarity: Annotated[float, Field(gt=0, le=1)] = 0.95
+    """Least cosine similarity for a semantic hit."""
     ttl_s: Seconds = 3600.0
     """How long an answer is kept: bounds both its staleness within an epoch and the stores' size."""
     max_answer_bytes: Annotated[int, Field(ge=1)] = 256 * 1024
+    """Larger answers are not kept."""
     max_query_chars: Annotated[int, Field(ge=1)] = 4096
     """Longer queries are matched exactly only (the embedding's cost grows with the text)."""
     lookup_timeout_s: Seconds = 0.05
@@ -115,9 +121,10 @@ class ResultCacheSettings(BaseModel):
     sweep_s: Seconds = 60.0
     """How often expired query vectors are deleted from Postgres."""
     embedding_dimensions: Annotated[int, Field(ge=8, le=4096)] = 256
+    """Dimensions of the built-in embedding (a change starts a new vector space)."""
 
 
-class GatewaySettings(WarmplaneSettings):
+class GatewaySettings(DatabaseSettings):
     api_keys: dict[str, list[SecretStr]] = Field(default_factory=dict)
     """Each tenant's API keys (secrets: never logged)."""
     tenant_secrets: dict[str, SecretStr] = Field(default_factory=dict)
@@ -127,6 +134,8 @@ class GatewaySettings(WarmplaneSettings):
     gateway: GatewayOptions = GatewayOptions()
     routing: RoutingSettings = RoutingSettings()
     result_cache: ResultCacheSettings = ResultCacheSettings()
+    redis: RedisSettings = RedisSettings()
+    """The result cache's exact answers (read only when `WARMPLANE_RESULT_CACHE__ENABLED`)."""
     emitter: EmitterSettings = EmitterSettings(client_id="warmplane-gateway", linger_ms=50.0)
     """Events linger up to 50 ms for companions (the emitter's default is 5): at tens of requests a
     second that is one produce request per several requests, not one each, on the serving loop."""

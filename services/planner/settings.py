@@ -7,7 +7,7 @@ from typing import Annotated, Self
 from pydantic import BaseModel, Field, model_validator
 
 from warmplane.services.planner.policy import PolicyKnobs
-from warmplane.shared.settings import WarmplaneSettings
+from warmplane.shared.settings import DatabaseSettings
 
 _KNOBS = PolicyKnobs()
 """The policy's defaults, which the trace evaluator measures too."""
@@ -27,13 +27,16 @@ class IngestSettings(BaseModel):
     10,000 with four, about 8% more events/s in one process, and 4 to 15% in two in two sets of runs);
     at a quiet time a batch holds what one fetch brings."""
     batch_timeout_ms: Positive = 100
+    """How long a batch waits to fill before it is folded with what it holds."""
     fetch_max_wait_ms: Positive = 50
     """How long the broker may hold a fetch with nothing to return: bounds how late a lifecycle event is
     seen (and so a starting replica's plan) when traffic is quiet."""
     max_partition_fetch_bytes: Positive = 4 * 1024 * 1024
+    """Most bytes one fetch brings from one partition."""
     bucket_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
     """Width of a statistics time bucket."""
     ledger_retention_hours: Hours = 24.0
+    """How long consumed event ids are kept to refuse a duplicate that comes late."""
     dedup_window_per_partition: Annotated[int, Field(ge=1_000)] = 20_000
     """How many recent event ids per partition are checked for a producer's retried duplicates."""
     catalog_retention_hours: Hours = 24.0 * 7
@@ -47,6 +50,7 @@ class IngestSettings(BaseModel):
     catalog_max_payload_bytes: Positive = 64 * 1024
     """Larger prefix payloads are dead-lettered."""
     sweep_interval_s: Annotated[float, Field(gt=0)] = 300.0
+    """How often retention sweeps run (catalog, statistics, history)."""
     node_cache_size: Annotated[int, Field(ge=2)] = 1_000_000
     """Chain nodes a planner remembers as written (emptied whole when full)."""
     node_cache_max_age_s: Annotated[float, Field(gt=0)] = 3600.0
@@ -89,6 +93,7 @@ class PlanSettings(BaseModel):
     min_reuse_probability: Annotated[float, Field(ge=0, le=1)] = _KNOBS.min_reuse_probability
     """Blocks less likely than this to be used in the ramp window are not warmed for themselves."""
     max_items: Annotated[int, Field(gt=0, le=100_000)] = 256
+    """Prefixes a plan holds at most."""
     deadline_s: Annotated[float, Field(gt=0)] = 120.0
     """How long after issuing the warmer has to carry the plan out."""
     window_hours: Hours = 24.0
@@ -128,6 +133,7 @@ class RingSettings(BaseModel):
     depth: Annotated[int, Field(ge=0, le=64)] = 0
     """Chain element routed by (must match the planner's `routing_depth`)."""
     vnodes: Annotated[int, Field(ge=1, le=4096)] = 128
+    """Points each replica has on the ring."""
     load_factor: Annotated[float, Field(ge=1)] = 1.25
     """Bounded load, ring points."""
 
@@ -137,6 +143,7 @@ class ColdStartSettings(BaseModel):
     warm sets planned again. Judged on event time, per statistics bucket."""
 
     enabled: bool = True
+    """Off, nothing is planned again for a model whose traffic looks cold."""
     alarm_ratio: Annotated[float, Field(gt=0, le=1)] = 0.3
     """A bucket is cold when more than this share of its requests found nothing cached."""
     sustain_s: Annotated[float, Field(gt=0)] = 300.0
@@ -153,7 +160,7 @@ class ColdStartSettings(BaseModel):
         return self
 
 
-class PlannerSettings(WarmplaneSettings):
+class PlannerSettings(DatabaseSettings):
     ingest: IngestSettings = IngestSettings()
     plans: PlanSettings = PlanSettings()
     routing: RingSettings = RingSettings()

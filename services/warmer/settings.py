@@ -53,9 +53,11 @@ class WarmSettings(BaseModel):
     priority: int = 10
     """vLLM priority of warm and probe requests; real traffic at 0 is served first."""
     connect_timeout_s: Seconds = 2.0
+    """To the engine."""
     request_timeout_s: Seconds = 60.0
     """Per warm or probe request; `__ATTEMPTS` (`2`) tries for timeouts and 5xx."""
     health_timeout_s: Seconds = 2.0
+    """Per `/health` check."""
     health_interval_s: Seconds = 1.0
     """`/health` checks; `__CRASH_AFTER_FAILURES` (`3`) failed ones mean crashed."""
     crash_after_failures: Annotated[int, Field(ge=1, le=100)] = 3
@@ -66,13 +68,16 @@ class WarmSettings(BaseModel):
     attempts: Annotated[int, Field(ge=1, le=10)] = 2
     """Tries per item for a transient failure (timeout, transport, HTTP 5xx); a rejection is not retried."""
     progress_interval_s: Seconds = 1.0
+    """At most this often a running plan's progress is reported."""
     publish_timeout_s: Seconds = 10.0
+    """How long publishing one lifecycle or result event may take before it is kept for a retry."""
     residency_interval_s: Seconds = 2.0
     """At most this often a replica's residency is assessed from its KV events and reported if changed."""
     reconcile_interval_s: Seconds = 300.0
     """How often a replica's residency is checked against the engine itself: `reconcile_sample` prefixes
     the events say are held are probed; a miss shows lost events and every unsure prefix is probed."""
     reconcile_sample: Annotated[int, Field(ge=0, le=1_000)] = 4
+    """Prefixes probed per reconciliation (`reconcile_interval_s`)."""
     replay_timeout_s: Seconds = 2.0
     """How long a replay of missed KV event batches may take before they count as lost."""
 
@@ -101,6 +106,7 @@ class WarmerSettings(WarmplaneSettings):
     tenant_secrets: dict[str, SecretStr] = Field(default_factory=dict)
     """Each tenant's cache-salt secret, shared with the gateway; a tenant without one is never warmed."""
     group_id_prefix: Annotated[str, Field(min_length=1)] = "warmplane-warmer"
+    """The node's plans consumer group is `<prefix>-<node>`."""
     warm: WarmSettings = WarmSettings()
     readiness: ReadinessSettings = ReadinessSettings()
     http_host: str = "0.0.0.0"  # noqa: S104 - a readiness probe reaches the pod from outside it

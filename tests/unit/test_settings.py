@@ -7,6 +7,7 @@ import os
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.planner.policy import PolicyKnobs
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
 from warmplane.services.planner.trace_eval.params import EvalParams
@@ -112,7 +113,8 @@ def test_secret_urls_never_print(monkeypatch: pytest.MonkeyPatch) -> None:
         assert PASSWORD not in text
         assert "db/warmplane" not in text and "cache:6379" not in text
     assert "**********" in repr(settings)
-    assert PASSWORD in settings.redis.url.get_secret_value()
+    gateway = load_settings(GatewaySettings)
+    assert PASSWORD not in repr(gateway) and PASSWORD in gateway.redis.url.get_secret_value()
 
 
 def test_a_bad_secret_url_is_named_without_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
