@@ -38,7 +38,7 @@ from warmplane.shared.topics import Topics
 TENANT = "acme"
 MODEL = "stub-model"
 SECRET = "epoch-bench-salt-secret"
-KEY = "sk-epoch-bench"
+KEY = "sk-epoch-bench-key"
 START_TIMEOUT_S = 180.0
 WATCH_FETCH_WAIT_MS = 50
 """The watch polls as a gateway's lifecycle follower does (its `_FETCH_WAIT_MS`): the embedded broker
@@ -151,6 +151,7 @@ async def running_gateways(kafka: KafkaSettings, count: int, replicas: int) -> A
                 gateway=GatewayOptions(
                     http_host="127.0.0.1",
                     http_port=0,
+                    metrics_port=0,
                     block_size=BLOCK_SIZE,
                     instance=f"epoch-bench-{i}",
                     registry_seed=False,

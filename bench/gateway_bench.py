@@ -38,7 +38,7 @@ from warmplane.shared.embedded import EmbeddedKafka
 from warmplane.shared.embedded.processes import free_port, start_process, stop_process_group, wait_until
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm, ensure_tiny_model
 
-KEY = "sk-bench"
+KEY = "sk-gateway-bench-key"
 PROMPT = "def add(a, b):\n    return a + b\n" * 20
 
 
@@ -71,6 +71,7 @@ def gateway_process(
         "WARMPLANE_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
         "WARMPLANE_GATEWAY__HTTP_HOST": "127.0.0.1",
         "WARMPLANE_GATEWAY__HTTP_PORT": str(port),
+        "WARMPLANE_GATEWAY__METRICS_PORT": "0",
         "WARMPLANE_GATEWAY__BLOCK_SIZE": str(BLOCK_SIZE),
         "WARMPLANE_LOG_LEVEL": "WARNING",
         **(extra_env or {}),

@@ -25,6 +25,8 @@ class RawRecord(Protocol):
     def key(self) -> bytes | None: ...
     @property
     def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,8 @@ class KafkaDeadLetterSink:
 def reason_class(reason: str) -> str:
     """A bounded label for a free-text reason (metric label values must not explode)."""
     for prefix, label in (
+        ("unsigned control event", "unsigned"),
+        ("badly signed control event", "bad_signature"),
         ("schema_version", "future_schema"),
         ("unknown event type", "unknown_type"),
         ("message of", "oversized"),

@@ -3,7 +3,8 @@
 Unlike the emitter SDK, which never makes serving wait and drops what does not fit, this publisher is for
 control-plane events: `publish` returns once the broker acknowledged the event (with the producer's
 `acks`), and raises if it did not within the timeout. Each event goes to its family's topic under its
-partition key (`topics`), so related events stay in order.
+partition key (`topics`), so related events stay in order, signed when the services share event keys
+(`event_signing.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from aiokafka import AIOKafkaProducer
 
 from warmplane.shared.codec import EventCodec
+from warmplane.shared.event_signing import EventSigner
 from warmplane.shared.events import Event
 from warmplane.shared.settings import KafkaSettings
 from warmplane.shared.topics import Topics, partition_key
@@ -34,8 +36,14 @@ class KafkaEventPublisher:
     """Publishes through a started producer the caller owns (use `acks='all'`)."""
 
     def __init__(
-        self, producer: AIOKafkaProducer, topics: Topics, codec: EventCodec, timeout_s: float
+        self,
+        producer: AIOKafkaProducer,
+        topics: Topics,
+        codec: EventCodec,
+        timeout_s: float,
+        signer: EventSigner | None = None,
     ) -> None:
+        self._signer = signer if signer is not None else EventSigner([])
         self._producer = producer
         self._topics = topics
         self._codec = codec
@@ -50,11 +58,16 @@ class KafkaEventPublisher:
         them (one round trip for many); raise if any was not within the timeout. Events of one partition
         keep their order; after a failure some may be on the broker already, so a retry may repeat them
         (consumers de-duplicate by event id)."""
-        pending = [
-            await self._producer.send(
-                self._topics.for_event(e), value=self._codec.encode(e), key=partition_key(e)
+        pending = []
+        for event in events:
+            value = self._codec.encode(event)
+            pending.append(
+                await self._producer.send(
+                    self._topics.for_event(event),
+                    value=value,
+                    key=partition_key(event),
+                    headers=self._signer.headers(value),
+                )
             )
-            for e in events
-        ]
         async with asyncio.timeout(self._timeout_s):
             await asyncio.gather(*pending)

@@ -18,6 +18,9 @@ from warmplane.shared.codec import DEFAULT_MAX_EVENT_BYTES
 
 PositiveInt = Annotated[int, Field(gt=0)]
 S = TypeVar("S", bound=BaseSettings)
+MIN_KEY_CHARS = 16
+MIN_EVENT_KEY_CHARS = 32
+"""The shortest API key (gateway) or bearer token (API) a service starts with: a guessable key is no key."""
 
 
 class KafkaSettings(BaseModel):
@@ -105,6 +108,17 @@ class WarmplaneSettings(BaseSettings):
     kafka: KafkaSettings = KafkaSettings()
     log_level: str = Field("INFO", pattern=r"^(DEBUG|INFO|WARNING|ERROR)$")
     """DEBUG, INFO, WARNING or ERROR."""
+    event_keys: list[SecretStr] = Field(default_factory=list, max_length=2)
+    """Keys that sign control events (lifecycle, epoch, plans; `event_signing.py`): the first signs, either
+    verifies (rotation: add the new key second, then swap, then drop the old). Empty: nothing is signed or
+    checked. Secrets, shared by every Warmplane service."""
+
+    @field_validator("event_keys")
+    @classmethod
+    def _long_event_keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
+        if any(len(key.get_secret_value()) < MIN_EVENT_KEY_CHARS for key in keys):
+            raise ValueError(f"event keys must be at least {MIN_EVENT_KEY_CHARS} characters")
+        return keys
 
 
 class DatabaseSettings(WarmplaneSettings):

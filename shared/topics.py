@@ -76,6 +76,10 @@ def partition_key(event: Event) -> bytes:
     return f"{event.tenant}/{event.model.name}".encode()
 
 
+SIGNATURE_HEADER: Final = "warmplane-signature"
+"""A control event's HMAC (`event_signing.py`)."""
+
+
 class DeadLetterHeaders:
     """Header names on a dead-lettered message; its value is the original bytes, untouched."""
 

@@ -157,6 +157,7 @@ class WarmplaneArm:
             "WARMPLANE_API_KEYS": json.dumps({TENANT: [API_KEY]}),
             "WARMPLANE_GATEWAY__HTTP_HOST": "127.0.0.1",
             "WARMPLANE_GATEWAY__HTTP_PORT": str(self._port),
+            "WARMPLANE_GATEWAY__METRICS_PORT": "0",
             "WARMPLANE_GATEWAY__BLOCK_SIZE": str(BLOCK_SIZE),
         }
         processes.service("gateway", "warmplane.services.gateway", {**self._common, **gateway})

@@ -4,8 +4,10 @@ GET  /v1/...            read endpoints (`routes_read.py`, `routes_replicas.py`),
 POST /v1/...            admin actions (`routes_admin.py`), an admin token
 GET  /status            the status page (the token is given in the page, never in its URL's query)
 GET  /healthz           200 while the process serves; /readyz 200 once Postgres answers
-GET  /metrics           Prometheus text (no tenant's prefixes or payloads; tenant and model names only)
 GET  /openapi.json      the published contract, /docs its rendering
+
+Every `/v1/` request passes `ApiGuard` first (token, rate, body size and type). `/metrics` (per-tenant
+health figures) is not served here but on the metrics port (`metrics_app`), which stays in the cluster.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from importlib import resources
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from warmplane.services.api import routes_admin, routes_read, routes_replicas
 from warmplane.services.api.auth import Forbidden, Unauthenticated
 from warmplane.services.api.deps import ApiDeps
+from warmplane.services.api.guard import ApiGuard
 from warmplane.services.api.routes_admin import BrokerUnavailable
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,10 @@ def build_app(deps: ApiDeps) -> FastAPI:
     app.include_router(routes_admin.router)
     _add_error_handlers(app)
     _add_operational_routes(app, deps)
+    options = deps.options
+    app.add_middleware(
+        ApiGuard, tokens=deps.tokens, max_body_bytes=options.max_body_bytes, rate_limit=options.rate_limit
+    )
     app.add_middleware(_RequestMetrics, deps=deps)
     return app
 
@@ -94,10 +100,6 @@ def _add_operational_routes(app: FastAPI, deps: ApiDeps) -> None:
         except Exception as exc:
             return _problem(503, f"Postgres does not answer: {type(exc).__name__}")
         return PlainTextResponse("ok")
-
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
-        return Response(generate_latest(deps.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 class _RequestMetrics:

@@ -49,9 +49,13 @@ class Principal:
         """Payload previews (prompt text) only to admins and to the tenant's own tokens."""
         return self.role == "admin" or (self.role == "tenant" and self.tenant == tenant)
 
+    @property
+    def sees_fleet(self) -> bool:
+        """Fleet-wide figures (plans and their items mix tenants): admins and readers only."""
+        return self.role != "tenant"
+
     def require_fleet(self) -> None:
-        """Fleet-wide views (plans and their items mix tenants): admins and readers only."""
-        if self.role == "tenant":
+        if not self.sees_fleet:
             raise Forbidden("this view spans tenants: it needs a reader or admin token")
 
     def require_admin(self) -> None:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Header, Request
 
 from warmplane.services.api import figures
+from warmplane.services.api.answer_cache import AnswerCache
 from warmplane.services.api.auth import Principal, TokenBook
 from warmplane.services.api.figures import Window
 from warmplane.services.api.metrics import ApiMetrics
@@ -35,6 +36,8 @@ class ApiDeps:
     metrics: ApiMetrics
     clock: Callable[[], float]
     """Unix seconds now."""
+    warm_sets: AnswerCache[Any]
+    """`/v1/warm-sets` answers, reused for `options.warm_sets_cache_s`."""
 
     def window(self, window_s: int | None, step_s: int | None = None) -> Window:
         """The statistics buckets of the last `window_s` seconds (the default window if None), in steps

@@ -119,7 +119,12 @@ LEAF_REQUESTS = """
 SELECT p.prefix_id, sum(p.requests)::bigint FROM prefix_stats p JOIN scopes s USING (scope_id)
 WHERE s.model = $1 AND s.tenant = $2 AND s.prompt_rev = $3 AND p.bucket >= $4 GROUP BY p.prefix_id
 """
-MODELS = "SELECT DISTINCT model FROM replicas UNION SELECT DISTINCT model FROM scopes ORDER BY 1"
+# The fleet's models are no tenant's secret (replicas list them); models only in scopes are a tenant's.
+MODELS = """
+SELECT DISTINCT model FROM replicas
+UNION SELECT DISTINCT model FROM scopes WHERE $1::text IS NULL OR tenant = $1
+ORDER BY 1
+"""
 
 _json = msgspec.json.Decoder()
 
@@ -220,5 +225,6 @@ class PgReadModel:
         rows = await self._pool.fetch(LEAF_REQUESTS, model, tenant, prompt_rev, since_bucket)
         return {row[0]: row[1] for row in rows}
 
-    async def models(self) -> list[str]:
-        return [row[0] for row in await self._pool.fetch(MODELS)]
+    async def models(self, tenant: str | None) -> list[str]:
+        """Models with replicas, and those with statistics of `tenant` (None: any tenant's)."""
+        return [row[0] for row in await self._pool.fetch(MODELS, tenant)]

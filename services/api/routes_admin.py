@@ -41,6 +41,8 @@ router = APIRouter(
     responses={
         **ERRORS,
         400: {"model": Problem, "description": "the body is not JSON"},
+        413: {"model": Problem, "description": "the body is larger than WARMPLANE_API__MAX_BODY_BYTES"},
+        415: {"model": Problem, "description": "the body is not sent as application/json"},
         503: {"model": Problem, "description": "the broker did not take the event"},
     },
 )

@@ -13,7 +13,7 @@ import asyncpg
 from fastapi import APIRouter, HTTPException, Query
 
 from warmplane.services.api import figures
-from warmplane.services.api.deps import Caller, Deps
+from warmplane.services.api.deps import ApiDeps, Caller, Deps
 from warmplane.services.api.schemas import (
     Epoch,
     EpochDetail,
@@ -32,6 +32,7 @@ from warmplane.services.api.schemas import (
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "no token, or an unknown one"},
     403: {"model": Problem, "description": "the token may not read this"},
+    429: {"model": Problem, "description": "over the token's rate limit (see Retry-After)"},
 }
 router = APIRouter(prefix="/v1", responses=ERRORS)
 ModelQ = Annotated[Name | None, Query(description="a served model name")]
@@ -42,8 +43,8 @@ LimitQ = Annotated[int, Query(ge=1, le=1_000)]
 
 @router.get("/models", response_model=list[str])
 async def models(deps: Deps, caller: Caller) -> list[str]:
-    """Every model with replicas or traffic."""
-    return await deps.read.models()
+    """Every model with replicas, and every model with traffic (a tenant token: its own traffic)."""
+    return await deps.read.models(None if caller.sees_fleet else caller.tenant)
 
 
 @router.get("/plans", response_model=list[Plan])
@@ -170,9 +171,20 @@ async def warm_sets(
     window_s: WindowQ = None,
 ) -> list[WarmSet]:
     """What the live replicas of `model` were planned to hold, per tenant and epoch, and how much of the
-    window's traffic passes through it."""
+    window's traffic passes through it. An answer is reused for `WARMPLANE_API__WARM_SETS_CACHE_S` (it
+    reads every chain node of each warm scope)."""
+    scoped = caller.tenant_scope(tenant)
+    seconds = window_s or deps.options.default_window_s
+    return list(
+        await deps.warm_sets.get(
+            ("warm-sets", model, scoped, seconds), lambda: _warm_sets(deps, model, scoped, seconds)
+        )
+    )
+
+
+async def _warm_sets(deps: ApiDeps, model: str, scoped: str | None, window_s: int) -> list[WarmSet]:
     span = deps.window(window_s)
-    rows = await deps.read.warm_items(model, caller.tenant_scope(tenant))
+    rows = await deps.read.warm_items(model, scoped)
     groups: dict[tuple[str, str, int], list[asyncpg.Record]] = defaultdict(list)
     for row in rows:
         groups[(row["tenant"], row["prompt_rev"], row["epoch"])].append(row)

@@ -1,7 +1,10 @@
 """Replica endpoints: state, the latest plan's progress, and the hit rate of the requests each served
 over a window; one replica's detail adds what it holds by its warmer's residency report. Every token may
 read replicas; a tenant token's hit and residency figures count only its tenant's requests and prefixes
-(`Principal.tenant_scope`), so they say nothing about other tenants' traffic or caches."""
+(`Principal.tenant_scope`), so they say nothing about other tenants' traffic or caches. A plan mixes
+tenants (its epoch, item count, tokens and hits, and when it was issued: a re-plan follows another
+tenant's epoch bump), so a tenant token sees no `latest_plan`; its own warm state is the residency's
+`by_tenant` and `/v1/warm-sets`."""
 
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ async def replicas(
     rows = await deps.read.replicas(model, state)
     span = deps.window(window_s)
     hits = await deps.read.replica_hits([row["replica_id"] for row in rows], span.since_bucket, scoped)
-    return [_replica(row, hits.get(row["replica_id"]), span) for row in rows]
+    return [_replica(row, hits.get(row["replica_id"]), span, caller.sees_fleet) for row in rows]
 
 
 @router.get("/replicas/{replica_id:path}", response_model=ReplicaDetail, responses={404: {"model": Problem}})
@@ -68,7 +71,7 @@ async def replica(
     transitions = [Transition(**dict(t)) for t in await deps.read.transitions(replica_id, 50)]
     residency = _residency(await deps.read.residency(replica_id, scoped), scoped)
     return ReplicaDetail(
-        **_replica(rows[0], hits.get(replica_id), span).model_dump(),
+        **_replica(rows[0], hits.get(replica_id), span, caller.sees_fleet).model_dump(),
         transitions=transitions,
         residency=residency,
     )
@@ -101,9 +104,11 @@ def _hits(sums: asyncpg.Record | None, span: figures.Window) -> ReplicaHits:
     return ReplicaHits(since=datetime.fromtimestamp(span.start_s, UTC), **ReplicaHits.from_sums(counted))
 
 
-def _replica(row: asyncpg.Record, sums: asyncpg.Record | None, span: figures.Window) -> Replica:
+def _replica(
+    row: asyncpg.Record, sums: asyncpg.Record | None, span: figures.Window, with_plan: bool
+) -> Replica:
     latest = None
-    if row["plan_id"] is not None:
+    if with_plan and row["plan_id"] is not None:
         latest = PlanSummary(
             plan_id=row["plan_id"],
             state=row["plan_state"],

@@ -10,6 +10,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
+from warmplane.services.api.answer_cache import AnswerCache
 from warmplane.services.api.app import build_app
 from warmplane.services.api.auth import TokenBook
 from warmplane.services.api.deps import ApiDeps
@@ -19,11 +20,15 @@ from warmplane.services.api.settings import ApiSettings
 from warmplane.shared.asgi_server import AsgiServer
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.event_publisher import KafkaEventPublisher, acknowledging_producer
+from warmplane.shared.event_signing import EventSigner
 from warmplane.shared.kafka_admin import ensure_topics
+from warmplane.shared.metrics_http import metrics_app
 from warmplane.shared.postgres_pool import open_pool
 from warmplane.shared.topics import Topics
 
 log = logging.getLogger(__name__)
+WARM_SETS_KEPT = 1_024
+"""`/v1/warm-sets` answers kept at most (model x tenant scope x window)."""
 
 
 @contextlib.asynccontextmanager
@@ -36,11 +41,14 @@ async def api_deps(settings: ApiSettings, metrics: ApiMetrics | None = None) -> 
     producer = acknowledging_producer(kafka, "api")
     try:
         await producer.start()
+        signer = EventSigner(settings.event_keys)
+        signer.say_if_off("api")
         publisher = KafkaEventPublisher(
             producer,
             topics,
             EventCodec(max_event_bytes=kafka.max_event_bytes),
             kafka.request_timeout_ms / 1000,
+            signer,
         )
         yield ApiDeps(
             read=PgReadModel(pool),
@@ -49,6 +57,7 @@ async def api_deps(settings: ApiSettings, metrics: ApiMetrics | None = None) -> 
             options=settings.api,
             metrics=metrics or ApiMetrics(),
             clock=time.time,
+            warm_sets=AnswerCache(settings.api.warm_sets_cache_s, WARM_SETS_KEPT, time.monotonic),
         )
     finally:
         await producer.stop()
@@ -88,17 +97,21 @@ async def _refresh_forever(deps: ApiDeps) -> None:
 async def serve(settings: ApiSettings) -> None:
     """Serve until cancelled (SIGTERM/SIGINT stop uvicorn gracefully)."""
     if not settings.api_tokens:
-        log.warning(
-            "WARMPLANE_API_TOKENS is empty: every endpoint but /status, /healthz and /metrics refuses"
-        )
+        log.warning("WARMPLANE_API_TOKENS is empty: every endpoint but /status, /healthz and /readyz refuses")
+    options = settings.api
     async with api_deps(settings) as deps:
         refresher = asyncio.create_task(_refresh_forever(deps), name="api-health-refresh")
+        metrics = AsgiServer(
+            metrics_app(deps.metrics.registry), options.metrics_host, options.metrics_port, name="api metrics"
+        )
         server = AsgiServer(
-            build_app(deps), settings.api.http_host, settings.api.http_port, name="api", handle_signals=True
+            build_app(deps), options.http_host, options.http_port, name="api", handle_signals=True
         )
         try:
+            await metrics.start()
             await server.serve_until_cancelled()
         finally:
+            await metrics.stop()
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await refresher

@@ -18,7 +18,8 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
-from warmplane.shared.settings import DatabaseSettings
+from warmplane.shared.rate_limit import RateLimitSettings
+from warmplane.shared.settings import MIN_KEY_CHARS, DatabaseSettings
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
 Role = Literal["admin", "reader", "tenant"]
@@ -35,8 +36,8 @@ class ApiToken(BaseModel):
     @field_validator("token")
     @classmethod
     def _long_enough(cls, value: SecretStr) -> SecretStr:
-        if len(value.get_secret_value()) < 16:
-            raise ValueError("a token must be at least 16 characters")
+        if len(value.get_secret_value()) < MIN_KEY_CHARS:
+            raise ValueError(f"a token must be at least {MIN_KEY_CHARS} characters")
         return value
 
     @model_validator(mode="after")
@@ -51,7 +52,20 @@ class ApiOptions(BaseModel):
 
     http_host: str = "0.0.0.0"  # noqa: S104 - platform teams and CI reach the API from outside its pod
     http_port: Annotated[int, Field(ge=0, le=65_535)] = 8070
-    """`/v1/...` (OpenAPI at `/openapi.json`, `/docs`), `/status`, `/healthz`, `/readyz`, `/metrics`."""
+    """`/v1/...` (OpenAPI at `/openapi.json`, `/docs`), `/status`, `/healthz`, `/readyz`."""
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the pod's address
+    """The address `/metrics` is served on."""
+    metrics_port: Annotated[int, Field(ge=0, le=65_535)] = 9466
+    """`/metrics` only (per-tenant health figures), not on `http_port`: deployments keep this port inside
+    the cluster (`infra/k8s`: no Service names it; compose: not published)."""
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+    """Larger request bodies get a 413, read no further; bodies not sent as `application/json` a 415."""
+    rate_limit: RateLimitSettings = RateLimitSettings()
+    """Requests per tenant (its tokens share one budget), per token for readers and admins
+    (`WARMPLANE_API__RATE_LIMIT__REQUESTS_PER_S`, `__BURST`); off by default; over it a 429."""
+    warm_sets_cache_s: Annotated[float, Field(ge=0)] = 10.0
+    """How long a `/v1/warm-sets` answer is reused for the same model, tenant scope and window (0: never):
+    it reads every chain node of each warm scope, and the status page asks for every model every 5 s."""
     default_window_s: Annotated[int, Field(ge=60, le=30 * 86_400)] = 3_600
     """The time window a figure covers when the request names none."""
     health_refresh_s: Annotated[float, Field(gt=0)] = 15.0

@@ -54,7 +54,9 @@ class Product:
                 postgres=postgres,
                 api_keys={tenant: [credentials.api_key]},
                 tenant_secrets={tenant: credentials.tenant_secret},
-                gateway=GatewayOptions(http_host=HOST, http_port=0, block_size=BLOCK_SIZE),
+                gateway=GatewayOptions(
+                    http_host=HOST, http_port=0, metrics_host=HOST, metrics_port=0, block_size=BLOCK_SIZE
+                ),
                 routing=routing,
             )
         )

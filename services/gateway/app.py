@@ -3,8 +3,10 @@
 POST /v1/completions, /v1/chat/completions   OpenAI-compatible, streaming or not (`proxy.py`)
 GET  /v1/models                               the models some replica serves (needs an API key)
 GET  /healthz                                 200 while the process serves (liveness)
-GET  /metrics                                 Prometheus text (`warmplane_gateway_*`)
 Any other path or method answers an OpenAI-shaped 404 or 405.
+
+`/metrics` (`warmplane_gateway_*`, counted per tenant) is `GatewayParts.metrics_app`, served on the
+metrics port (`GatewayOptions.metrics_port`), which deployments keep inside the cluster: never here.
 
 A POST to one of the two completion paths goes straight from the ASGI scope to `Proxy.handle`; the
 rest goes through Starlette's routing and middleware, which cost the completion routes about 25 us of
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -41,11 +43,13 @@ from warmplane.services.gateway.tenants import EpochBook, SaltBook, TenantDirect
 from warmplane.services.gateway.text_embedding import NgramEmbedder
 from warmplane.services.gateway.upstream import Upstream
 from warmplane.shared.event_ids import new_event_id
+from warmplane.shared.metrics_http import metrics_app
 
 
 @dataclass(frozen=True, slots=True)
 class GatewayParts:
     app: ASGIApp
+    metrics_app: ASGIApp
     proxy: Proxy
     router: Router
     epochs: EpochBook
@@ -95,7 +99,8 @@ def bootstrap(
         routing=settings.routing,
         results=results,
     )
-    return GatewayParts(build_app(proxy, membership, metrics), proxy, router, epochs, metrics, results)
+    app = build_app(proxy, membership)
+    return GatewayParts(app, metrics_app(metrics.registry), proxy, router, epochs, metrics, results)
 
 
 class GatewayApp:
@@ -116,7 +121,7 @@ class GatewayApp:
         await self._rest(scope, receive, send)
 
 
-def build_app(proxy: Proxy, membership: Membership, metrics: GatewayMetrics) -> GatewayApp:
+def build_app(proxy: Proxy, membership: Membership) -> GatewayApp:
     async def completions(request: Request) -> Response:
         return await proxy.handle("completions", request)
 
@@ -125,7 +130,7 @@ def build_app(proxy: Proxy, membership: Membership, metrics: GatewayMetrics) -> 
 
     async def models(request: Request) -> Response:
         try:
-            proxy.authenticate(request)
+            proxy.admit(request)
         except ApiError as error:
             return error_response(error)
         data = [{"id": name, "object": "model", "owned_by": "warmplane"} for name in membership.models()]
@@ -133,9 +138,6 @@ def build_app(proxy: Proxy, membership: Membership, metrics: GatewayMetrics) -> 
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok\n")
-
-    async def prometheus(request: Request) -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
@@ -148,7 +150,6 @@ def build_app(proxy: Proxy, membership: Membership, metrics: GatewayMetrics) -> 
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/healthz", healthz, methods=["GET"]),
-            Route("/metrics", prometheus, methods=["GET"]),
         ],
         exception_handlers={404: http_error, 405: http_error},
     )

@@ -18,8 +18,18 @@ _encoder = msgspec.json.Encoder()
 class ApiError(Exception):
     """A request the gateway refuses or cannot serve: `status` and `body()` are what the client receives."""
 
-    def __init__(self, status: int, message: str, *, type: str, code: str, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str,
+        code: str,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.type = type
@@ -68,6 +78,25 @@ def body_too_large(limit: int) -> ApiError:
         f"The request body exceeds the gateway's limit of {limit} bytes.",
         type=INVALID_REQUEST,
         code="request_too_large",
+    )
+
+
+def unsupported_media_type() -> ApiError:
+    return ApiError(
+        415,
+        "The request body must be sent as 'Content-Type: application/json'.",
+        type=INVALID_REQUEST,
+        code="unsupported_media_type",
+    )
+
+
+def rate_limited(retry_after_s: int) -> ApiError:
+    return ApiError(
+        429,
+        f"Too many requests for this tenant: retry in {retry_after_s} s.",
+        type="rate_limit_error",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(retry_after_s)},
     )
 
 

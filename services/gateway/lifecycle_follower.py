@@ -4,7 +4,10 @@ The follower consumes `<prefix>.lifecycle` in a consumer group of its own (`<gro
 the instance name must be unique per gateway process) from the earliest offset and never commits, so
 each start replays the topic and learns the current state; replica events feed a `ReplicaTable`,
 `epoch.bumped` an `EpochBook`. `caught_up` is set once every assigned partition has been read to the end
-offset it had when assigned. An event that does not decode is counted, logged (rarely) and skipped.
+offset it had when assigned. An event that does not decode is counted, logged (rarely) and skipped; so
+is one not signed by a shared event key when keys are set (`shared/event_signing.py`): a forged
+`replica.became_ready` would point the gateway at the forger's endpoint. The gateway does not
+dead-letter them: every instance reads the whole topic, and the planner's group dead-letters each once.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from warmplane.services.gateway.membership import ReplicaTable
 from warmplane.services.gateway.tenants import EpochBook
 from warmplane.shared.codec import DecodeFailure, EventCodec
+from warmplane.shared.event_signing import EventSigner
 from warmplane.shared.events import EpochBumped
 from warmplane.shared.settings import KafkaSettings
 
@@ -27,8 +32,16 @@ _FETCH_WAIT_MS = 50
 
 class LifecycleFollower:
     def __init__(
-        self, kafka: KafkaSettings, topic: str, group_id: str, table: ReplicaTable, epochs: EpochBook
+        self,
+        kafka: KafkaSettings,
+        topic: str,
+        group_id: str,
+        table: ReplicaTable,
+        epochs: EpochBook,
+        *,
+        signer: EventSigner | None = None,
     ) -> None:
+        self._signer = signer if signer is not None else EventSigner([])
         self._kafka = kafka
         self._topic = topic
         self._group_id = group_id
@@ -40,6 +53,8 @@ class LifecycleFollower:
         self._ends: dict[TopicPartition, int] | None = None
         self.caught_up = asyncio.Event()
         self.undecodable = 0
+        self.refused: Counter[str] = Counter()
+        """Records dropped for their signature, by reason."""
 
     async def start(self) -> None:
         """Connect and start reading in the background. Raises what aiokafka raises if the broker is down."""
@@ -74,9 +89,19 @@ class LifecycleFollower:
             batches = await consumer.getmany(timeout_ms=500, max_records=1000)
             for records in batches.values():
                 for record in records:
-                    self._apply(record.value)
+                    refusal = self._signer.refusal(record.value, record.headers)
+                    if refusal is None:
+                        self._apply(record.value)
+                    else:
+                        self._refuse(refusal)
             if not self.caught_up.is_set():
                 await self._check_caught_up(consumer)
+
+    def _refuse(self, reason: str) -> None:
+        self.refused[reason] += 1
+        count = self.refused.total()
+        if count & (count - 1) == 0:
+            log.warning("dropped a lifecycle event (%d so far): %s", count, reason)
 
     def _apply(self, value: bytes | None) -> None:
         event = self._codec.decode(value)

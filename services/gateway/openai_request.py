@@ -13,12 +13,15 @@ from typing import Any, Literal
 
 import msgspec
 
-from warmplane.services.gateway.errors import bad_request
+from warmplane.services.gateway.errors import ApiError, bad_request
 from warmplane.shared.events import PrefixPayload
 from warmplane.shared.prefix_chain import Namespace, PrefixChain, chat_chain, text_chain, token_chain
 
 Kind = Literal["chat", "completions"]
 PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays and objects a body may have (OpenAI requests, tool schemas included, need a
+handful of levels); deeper is refused before anything walks it."""
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
@@ -48,6 +51,10 @@ def decode(raw: bytes, kind: Kind) -> ClientRequest:
         body = _decoder.decode(raw)
     except msgspec.DecodeError as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}.", code="invalid_json") from None
+    except RecursionError:  # msgspec's own bound, the interpreter's recursion limit
+        raise _too_deep() from None
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _deeper_than(body, MAX_JSON_DEPTH):
+        raise _too_deep()
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
     model = body.get("model")
@@ -67,6 +74,30 @@ def decode(raw: bytes, kind: Kind) -> ClientRequest:
         _check_prompt(body.get("prompt"))
     wants_usage = bool(stream and options and options.get("include_usage") is True)
     return ClientRequest(kind, body, model, stream, wants_usage)
+
+
+def _too_deep() -> ApiError:
+    return bad_request(
+        f"The request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels.", code="too_deep"
+    )
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether `value` nests lists and dicts more than `limit` deep; iterative, so any depth is safe."""
+    level: list[object] = [value]
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        inner: list[object] = []
+        for item in level:
+            if isinstance(item, dict):
+                inner.extend(v for v in item.values() if isinstance(v, dict | list))
+            elif isinstance(item, list):
+                inner.extend(v for v in item if isinstance(v, dict | list))
+        level = inner
+    return False
 
 
 def _check_messages(messages: object) -> None:

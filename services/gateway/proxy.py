@@ -60,6 +60,7 @@ from warmplane.services.gateway.upstream import (
     UpstreamUnreachable,
 )
 from warmplane.shared.prefix_chain import Namespace, PrefixChain
+from warmplane.shared.rate_limit import RateLimiter
 
 REPLICA_HEADER = "x-warmplane-replica"
 CACHE_HEADER = "x-warmplane-cache"
@@ -107,6 +108,7 @@ class Proxy:
         self._results = results
         self._wall = wall
         self._monotonic = monotonic
+        self._rates = RateLimiter(options.rate_limit)
         self._fingerprints: dict[str, Fingerprint] = {}
         """Each replica's `system_fingerprint` as its last usage chunk showed it (`sse_relay`)."""
 
@@ -122,11 +124,20 @@ class Proxy:
             raise errors.invalid_api_key()
         return tenant
 
+    def admit(self, request: Request) -> str:
+        """The request's tenant (`authenticate`), if it is within the tenant's rate limit; raises
+        `ApiError` (401, or 429 with `Retry-After`) otherwise."""
+        tenant = self.authenticate(request)
+        wait_s = self._rates.take(tenant, self._monotonic())
+        if wait_s:
+            raise errors.rate_limited(wait_s)
+        return tenant
+
     async def handle(self, kind: Kind, request: Request) -> Response:
         started = self._monotonic()
         tenant = model = "-"
         try:
-            tenant = self.authenticate(request)
+            tenant = self.admit(request)
             client_request = decode(await self._read_body(request), kind)
             if not self._router.membership.serves(client_request.model):
                 raise errors.unknown_model(client_request.model)
@@ -145,10 +156,13 @@ class Proxy:
             return error_response(error)
 
     async def _read_body(self, request: Request) -> bytes:
+        """The body, if it is JSON by its content type and within `max_body_bytes` (declared or read)."""
         limit = self._options.max_body_bytes
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise errors.body_too_large(limit)
+        if request.headers.get("content-type", "").partition(";")[0].strip().lower() != "application/json":
+            raise errors.unsupported_media_type()
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
@@ -317,7 +331,9 @@ class SettledResponse(Response):
 
 
 def error_response(error: ApiError) -> Response:
-    return Response(error.body(), status_code=error.status, media_type="application/json")
+    return Response(
+        error.body(), status_code=error.status, headers=error.headers, media_type="application/json"
+    )
 
 
 def _usage_of(content: bytes) -> dict[str, Any] | None:

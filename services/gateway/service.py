@@ -29,6 +29,7 @@ from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.gateway.tenants import EpochBook
 from warmplane.shared.asgi_server import AsgiServer
 from warmplane.shared.emitter import Emitter
+from warmplane.shared.event_signing import EventSigner
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.postgres_pool import open_pool
 from warmplane.shared.topics import Topics
@@ -55,6 +56,7 @@ class Gateway:
         self._sink = sink
         self._stack = contextlib.AsyncExitStack()
         self._http: AsgiServer | None = None
+        self._metrics_http: AsgiServer | None = None
         self.parts: GatewayParts | None = None
         self.follower: LifecycleFollower | None = None
 
@@ -67,6 +69,13 @@ class Gateway:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The metrics port's base URL (`/metrics`), apart from the clients' `url`."""
+        if self._metrics_http is None:
+            raise RuntimeError("the gateway is not started")
+        return f"http://127.0.0.1:{self._metrics_http.port}"
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -162,7 +171,10 @@ class Gateway:
                 log.info("from the registry: %d replicas, %d epochs", *seeded)
         await ensure_topics(settings.kafka, (topics.lifecycle,))
         group = f"{options.group_id_prefix}-{options.instance}"
-        follower = self.follower = LifecycleFollower(settings.kafka, topics.lifecycle, group, table, epochs)
+        signer = EventSigner(settings.event_keys)
+        signer.say_if_off("gateway")
+        follower = LifecycleFollower(settings.kafka, topics.lifecycle, group, table, epochs, signer=signer)
+        self.follower = follower
         await follower.start()
         self._stack.push_async_callback(follower.stop)
         try:
@@ -179,6 +191,10 @@ class Gateway:
 
     async def _serve(self, parts: GatewayParts) -> None:
         options = self.settings.gateway
+        self._metrics_http = AsgiServer(
+            parts.metrics_app, options.metrics_host, options.metrics_port, name="gateway metrics"
+        )
+        await self._metrics_http.start()
         self._http = AsgiServer(
             parts.app,
             options.http_host,
@@ -193,4 +209,6 @@ class Gateway:
         """Stop taking requests (in-flight ones finish within a bound), then close the rest."""
         if self._http is not None:
             await self._http.stop()
+        if self._metrics_http is not None:
+            await self._metrics_http.stop()
         await self._stack.aclose()

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Annotated, Self
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
-from warmplane.shared.settings import DatabaseSettings, EmitterSettings, RedisSettings
+from warmplane.shared.rate_limit import RateLimitSettings
+from warmplane.shared.settings import MIN_KEY_CHARS, DatabaseSettings, EmitterSettings, RedisSettings
 
 Seconds = Annotated[float, Field(gt=0)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
@@ -56,9 +57,15 @@ class GatewayOptions(BaseModel):
 
     http_host: str = "0.0.0.0"  # noqa: S104 - clients reach the gateway from outside its pod
     http_port: Annotated[int, Field(ge=0, le=65_535)] = 8080
-    """`/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/healthz`, `/metrics`."""
+    """`/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/healthz`."""
+    metrics_host: str = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the pod's address
+    """The address `/metrics` is served on."""
+    metrics_port: Annotated[int, Field(ge=0, le=65_535)] = 9465
+    """`/metrics` only (per-tenant counters), never on the clients' port: deployments keep this port inside
+    the cluster (`infra/k8s`: no Service names it; compose: not published)."""
     max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
-    """Larger bodies get a 413."""
+    """Larger bodies get a 413; bodies not sent as `application/json` a 415, nested deeper than 64 levels a
+    400."""
     connect_timeout_s: Seconds = 2.0
     """To a replica; read is the longest silence."""
     read_timeout_s: Seconds = 600.0
@@ -76,6 +83,8 @@ class GatewayOptions(BaseModel):
     """This instance's name: its lifecycle consumer group is `<group_id_prefix>-<instance>`."""
     group_id_prefix: Name = "warmplane-gateway"
     """The lifecycle follower's consumer group is `<prefix>-<instance>` (never committed)."""
+    rate_limit: RateLimitSettings = RateLimitSettings()
+    """Requests per tenant (`WARMPLANE_GATEWAY__RATE_LIMIT__REQUESTS_PER_S`, `__BURST`); off by default."""
     catch_up_timeout_s: Seconds = 30.0
     """At start, how long to wait for the lifecycle topic to be read to its end before serving."""
     registry_seed: bool = True
@@ -131,6 +140,20 @@ class GatewaySettings(DatabaseSettings):
     """Events linger up to 50 ms for companions (the emitter's default is 5): at tens of requests a
     second that is one produce request per several requests, not one each, on the serving loop."""
 
+    @field_validator("api_keys")
+    @classmethod
+    def _usable_keys(cls, api_keys: dict[str, list[SecretStr]]) -> dict[str, list[SecretStr]]:
+        seen: set[str] = set()
+        for tenant, keys in api_keys.items():
+            for key in keys:
+                value = key.get_secret_value()
+                if len(value) < MIN_KEY_CHARS:
+                    raise ValueError(f"tenant {tenant!r} has an API key under {MIN_KEY_CHARS} characters")
+                if value in seen:
+                    raise ValueError("API keys must belong to one tenant each")
+                seen.add(value)
+        return api_keys
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         missing = sorted(set(self.api_keys) - set(self.tenant_secrets))
@@ -139,13 +162,6 @@ class GatewaySettings(DatabaseSettings):
         empty = sorted(t for t, s in self.tenant_secrets.items() if not s.get_secret_value())
         if empty:
             raise ValueError(f"tenants with an empty cache-salt secret: {empty}")
-        seen: set[str] = set()
-        for keys in self.api_keys.values():
-            for key in keys:
-                value = key.get_secret_value()
-                if not value or value in seen:
-                    raise ValueError("API keys must be non-empty and belong to one tenant each")
-                seen.add(value)
         names = [replica.replica for replica in self.static_replicas]
         if len(names) != len(set(names)):
             raise ValueError(f"static_replicas name a replica twice: {sorted(names)}")

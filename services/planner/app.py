@@ -42,6 +42,7 @@ from warmplane.shared.codec import EventCodec
 from warmplane.shared.consumer_lag import report_lag_forever
 from warmplane.shared.dead_letters import KafkaDeadLetterSink
 from warmplane.shared.event_publisher import KafkaEventPublisher, acknowledging_producer
+from warmplane.shared.event_signing import EventSigner, SignedTopics
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.postgres_pool import open_pool
 from warmplane.shared.schema_check import require_schema_at_head
@@ -168,7 +169,9 @@ async def _resources(
         ingest = settings.ingest
         store = PgIngestStore(pool, ingest.group_id, ingest.bucket_seconds)
         codec = EventCodec(kafka.max_event_bytes)
-        publisher = KafkaEventPublisher(producer, topics, codec, kafka.commit_timeout_s)
+        signer = EventSigner(settings.event_keys)
+        signer.say_if_off("planner")
+        publisher = KafkaEventPublisher(producer, topics, codec, kafka.commit_timeout_s, signer)
         issuer = PlanIssuer(
             store=PgPlanStore(pool),
             publisher=publisher,
@@ -188,6 +191,7 @@ async def _resources(
         )
         ingestor = Ingestor(
             codec=codec,
+            signed=SignedTopics(signer, frozenset({topics.lifecycle})),
             store=store,
             dead_letters=KafkaDeadLetterSink(
                 producer, topics.dead_letter, ingest.group_id, kafka.commit_timeout_s

@@ -35,6 +35,7 @@ from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_store import Fenced, PartitionSlice, PgIngestStore, event_type
 from warmplane.shared.codec import DecodeFailure, EventCodec
 from warmplane.shared.dead_letters import DeadLetter, DeadLetterSink, RawRecord, reason_class
+from warmplane.shared.event_signing import SignedTopics
 from warmplane.shared.events import Event
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class Ingestor:
         self,
         *,
         codec: EventCodec,
+        signed: SignedTopics | None = None,
         store: PgIngestStore,
         dead_letters: DeadLetterSink,
         metrics: PlannerMetrics,
@@ -87,6 +89,8 @@ class Ingestor:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._codec = codec
+        self._signed = signed
+        """Topics (the lifecycle topic) whose unsigned or badly signed records are dead-lettered."""
         self._store = store
         self._dead_letters = dead_letters
         self._metrics = metrics
@@ -184,7 +188,14 @@ class Ingestor:
         """
         values = [record.value for record in records]
         decode = self._codec.decode
-        decoded = [decode(value) for value in values]
+        if self._signed is not None and self._signed.checks(records[0].topic):
+            refusals = [self._signed.signer.refusal(r.value, r.headers) for r in records]
+            decoded = [
+                decode(value) if refusal is None else DecodeFailure(refusal)
+                for value, refusal in zip(values, refusals, strict=True)
+            ]
+        else:
+            decoded = [decode(value) for value in values]
         # Lengths only once every value decoded: a tombstone's None has none.
         if DecodeFailure in set(map(type, decoded)) or (
             max(map(len, cast(list[bytes], values))) > self._max_payload_bytes

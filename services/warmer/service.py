@@ -36,6 +36,7 @@ from warmplane.shared.consumer_lag import report_lag_forever
 from warmplane.shared.dead_letters import DeadLetter, KafkaDeadLetterSink, reason_class
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.event_publisher import KafkaEventPublisher, acknowledging_producer
+from warmplane.shared.event_signing import EventSigner
 from warmplane.shared.events import Event, WarmPlanIssued
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.topics import Topics
@@ -63,6 +64,8 @@ class Warmer:
         self._new_id = new_id
         self._topics = Topics(settings.kafka.topic_prefix)
         self._codec = EventCodec(settings.kafka.max_event_bytes)
+        self._signer = EventSigner(settings.event_keys)
+        """Signs what this warmer publishes; plans not signed by a shared key are dead-lettered."""
         self._salts = SaltBook(settings.tenant_secrets)
         self._outbox: asyncio.Queue[Event] = asyncio.Queue()
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -93,8 +96,9 @@ class Warmer:
             producer = acknowledging_producer(kafka, f"warmer-{self.node}")
             await producer.start()
             self._stack.push_async_callback(producer.stop)
+            self._signer.say_if_off(f"warmer {self.node}")
             publisher = KafkaEventPublisher(
-                producer, self._topics, self._codec, self.settings.warm.publish_timeout_s
+                producer, self._topics, self._codec, self.settings.warm.publish_timeout_s, self._signer
             )
             dead_letters = KafkaDeadLetterSink(
                 producer, self._topics.dead_letter, f"warmer/{self.node}", kafka.commit_timeout_s
@@ -220,7 +224,8 @@ class Warmer:
                     log.warning("could not commit plan offsets; they will be read again", exc_info=True)
 
     async def _handle(self, record: ConsumerRecord[bytes, bytes], dead_letters: KafkaDeadLetterSink) -> None:
-        event = self._codec.decode(record.value)
+        refusal = self._signer.refusal(record.value, record.headers)
+        event = self._codec.decode(record.value) if refusal is None else DecodeFailure(refusal)
         if isinstance(event, DecodeFailure):
             await dead_letters.send_all([DeadLetter(record, event.reason)])
             self.metrics.dead_lettered.labels(reason_class(event.reason)).inc()

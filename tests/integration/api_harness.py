@@ -14,6 +14,7 @@ from warmplane.services.api.service import api_deps
 from warmplane.services.api.settings import ApiOptions, ApiSettings, ApiToken
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.asgi_server import AsgiServer
+from warmplane.shared.metrics_http import metrics_app
 
 ADMIN = "admin-token-0123456789"
 READER = "reader-token-0123456789"
@@ -37,16 +38,21 @@ def api_settings(planner: PlannerSettings) -> ApiSettings:
 class RunningApi:
     url: str
     deps: ApiDeps
+    metrics_url: str
+    """The metrics port's base URL (`/metrics` is not served on `url`)."""
 
 
 @contextlib.asynccontextmanager
 async def running_api(settings: ApiSettings) -> AsyncIterator[RunningApi]:
     async with api_deps(settings) as deps:
         server = AsgiServer(build_app(deps), "127.0.0.1", 0, name="api")
+        metrics = AsgiServer(metrics_app(deps.metrics.registry), "127.0.0.1", 0, name="api metrics")
         await server.start()
         try:
-            yield RunningApi(f"http://127.0.0.1:{server.port}", deps)
+            await metrics.start()
+            yield RunningApi(f"http://127.0.0.1:{server.port}", deps, f"http://127.0.0.1:{metrics.port}")
         finally:
+            await metrics.stop()
             await server.stop()
 
 

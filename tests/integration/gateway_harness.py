@@ -41,7 +41,7 @@ def kafka_settings(bootstrap_servers: str) -> KafkaSettings:
 
 def gateway_settings(kafka: KafkaSettings, run: str) -> tuple[GatewaySettings, dict[str, str]]:
     """Settings with two tenants whose keys and salt secrets are fresh; and each tenant's API key."""
-    keys = {tenant: f"sk-{tenant}-{run}" for tenant in TENANTS}
+    keys = {tenant: f"sk-{tenant}-key-{run}" for tenant in TENANTS}
     settings = GatewaySettings(
         kafka=kafka,
         api_keys={tenant: [SecretStr(key)] for tenant, key in keys.items()},
@@ -49,6 +49,7 @@ def gateway_settings(kafka: KafkaSettings, run: str) -> tuple[GatewaySettings, d
         gateway=GatewayOptions(
             http_host="127.0.0.1",
             http_port=0,
+            metrics_port=0,
             block_size=BLOCK_SIZE,
             instance=f"test-{run}",
             catch_up_timeout_s=20,

@@ -167,7 +167,7 @@ async def _post(world: World, path: str, body: object, token: str = ADMIN, **par
 
 
 async def test_replicas_show_state_and_latest_plan_and_unknown_ids_are_404(world: World) -> None:
-    response = await _get(world, "/v1/replicas", ACME, model=MODEL.name)
+    response = await _get(world, "/v1/replicas", READER, model=MODEL.name)
     assert response.status_code == 200
     [replica] = response.json()
     assert (replica["replica"], replica["node"], replica["model"], replica["state"]) == (
@@ -234,6 +234,34 @@ async def test_a_tenant_sees_only_its_own_share_of_a_replicas_hit_rate(world: Wo
     for path in ("/v1/replicas", "/v1/replicas/r-1"):
         refused = await _get(world, path, ACME, tenant="globex")
         assert refused.status_code == 403 and "globex" not in refused.text, path
+
+
+async def test_a_tenant_token_sees_no_plan_of_a_replica_it_shares_with_other_tenants(world: World) -> None:
+    """r-1's plan holds acme's and globex's items: its epoch, item count, tokens, hits and issue time
+    (a re-plan follows any tenant's epoch bump) are the fleet's, not a tenant's."""
+    for token in (ACME, GLOBEX):
+        [listed] = (await _get(world, "/v1/replicas", token, model=MODEL.name)).json()
+        detail = (await _get(world, "/v1/replicas/r-1", token)).json()
+        assert listed["latest_plan"] is None and detail["latest_plan"] is None
+        assert str(world.plan_id) not in str(listed) + str(detail)
+    for token in (READER, ADMIN):
+        detail = (await _get(world, "/v1/replicas/r-1", token, tenant="acme")).json()
+        assert detail["latest_plan"]["plan_id"] == str(world.plan_id)
+
+
+async def test_a_tenant_token_lists_the_fleets_models_and_its_own_not_another_tenants(world: World) -> None:
+    db = await asyncpg.connect(world.dsn)
+    try:
+        await db.execute(
+            "INSERT INTO scopes (tenant, model, prompt_rev) VALUES ('globex', 'globex-private-model', '')"
+        )
+        assert "globex-private-model" in (await _get(world, "/v1/models", READER)).json()
+        assert "globex-private-model" in (await _get(world, "/v1/models", GLOBEX)).json()
+        as_acme = await _get(world, "/v1/models", ACME)
+        assert as_acme.json() == [MODEL.name] and "globex" not in as_acme.text
+    finally:
+        await db.execute("DELETE FROM scopes WHERE model = 'globex-private-model'")
+        await db.close()
 
 
 async def test_plans_list_outcomes_and_items_show_previews_to_admins_only(world: World) -> None:
@@ -317,6 +345,36 @@ async def test_warm_sets_show_what_live_replicas_were_planned_and_the_traffic_it
     assert acme["verified_replicas"] == []
     only_acme = (await _get(world, "/v1/warm-sets", ACME, model=MODEL.name)).json()
     assert [s["tenant"] for s in only_acme] == ["acme"]
+
+
+async def test_warm_sets_are_computed_once_per_model_scope_and_window_while_fresh(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each answer reads every chain node of each warm scope: callers asking alike (the status page asks
+    for every model every 5 s) within `warm_sets_cache_s` share one reading."""
+    read = world.api.deps.read
+    scopes_read: list[str] = []
+    chain_parents = read.chain_parents
+
+    async def counted(model: str, tenant: str, prompt_rev: str) -> dict[int, int | None]:
+        scopes_read.append(tenant)
+        return await chain_parents(model, tenant, prompt_rev)
+
+    monkeypatch.setattr(read, "chain_parents", counted)
+    window = 7_201  # asked by no other test: nothing kept yet
+    answers = await asyncio.gather(
+        *(_get(world, "/v1/warm-sets", READER, model=MODEL.name, window_s=window) for _ in range(5))
+    )
+    assert len({a.text for a in answers}) == 1 and {s["tenant"] for s in answers[0].json()} == {
+        "acme",
+        "globex",
+    }
+    assert sorted(scopes_read) == ["acme", "globex"]
+    again = await _get(world, "/v1/warm-sets", ADMIN, model=MODEL.name, window_s=window)
+    assert again.text == answers[0].text and len(scopes_read) == 2
+    # Another tenant scope is another answer: acme's is computed from acme's scope only.
+    only_acme = await _get(world, "/v1/warm-sets", ACME, model=MODEL.name, window_s=window)
+    assert [s["tenant"] for s in only_acme.json()] == ["acme"] and scopes_read[2:] == ["acme"]
 
 
 async def test_bad_requests_get_a_4xx_that_says_what_is_wrong(world: World) -> None:
@@ -408,7 +466,13 @@ async def test_operational_endpoints_answer_without_a_token(world: World) -> Non
     assert (await _get(world, "/readyz", None)).status_code == 200
     page = await _get(world, "/status", None)
     assert page.status_code == 200 and "<title>Warmplane status</title>" in page.text
-    metrics = (await _get(world, "/metrics", None)).text
+    # Per-tenant health figures are on the metrics port (kept in the cluster), not the API's.
+    await _get(world, "/v1/replicas", READER)
+    for token in (None, ACME, ADMIN):
+        public = await _get(world, "/metrics", token)
+        assert public.status_code == 404 and "prefix_hit_ratio" not in public.text
+    async with httpx.AsyncClient(timeout=10) as client:
+        metrics = (await client.get(f"{world.api.metrics_url}/metrics")).text
     assert 'warmplane_api_requests_total{route="/v1/replicas",status="200"}' in metrics
     spec = (await _get(world, "/openapi.json", None)).json()
     assert {"/v1/replicas", "/v1/warm-sets", "/v1/epochs/bump", "/v1/deploys"} <= set(spec["paths"])

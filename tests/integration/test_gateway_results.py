@@ -96,7 +96,7 @@ async def test_a_repeated_greedy_request_is_answered_from_the_cache_in_its_tenan
         assert bumped.headers["x-warmplane-cache"] == "miss"
         await engine_served(vllm_engine, before + 5)
 
-        metrics = (await client.get("/metrics")).text
+        metrics = (await client.get(f"{gateway.metrics_url}/metrics")).text
     assert _sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="exact") == 1
     assert _sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="semantic") == 1
     assert _sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="miss") == 2

@@ -21,6 +21,7 @@ class Record:
     offset: int
     key: bytes | None
     value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class NoLetters:

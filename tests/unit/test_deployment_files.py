@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from warmplane.services.api.metrics import ApiMetrics
-from warmplane.services.api.settings import ApiSettings
+from warmplane.services.api.settings import ApiOptions, ApiSettings
 from warmplane.services.gateway.metrics import GatewayMetrics
-from warmplane.services.gateway.settings import GatewaySettings
+from warmplane.services.gateway.settings import GatewayOptions, GatewaySettings
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.services.warmer.metrics import WarmerMetrics
@@ -25,6 +25,7 @@ from warmplane.shared.settings import load_settings
 _COMPOSE_DEFAULT = re.compile(r"\$\{[A-Z0-9_]+:-([^}]*)\}")
 
 ROOT = Path(__file__).resolve().parents[2]
+EVENT_KEYS = '["a-shared-event-key-of-32-characters-at-least"]'
 
 
 def _compose() -> dict[str, Any]:
@@ -52,6 +53,7 @@ def test_the_compose_environment_is_valid_planner_settings(monkeypatch: pytest.M
     environment = _compose()["services"]["planner"]["environment"]
     for key, value in environment.items():
         monkeypatch.setenv(key, str(value).replace("${WARMPLANE_POSTGRES_PASSWORD}", "secret"))
+    monkeypatch.setenv("WARMPLANE_EVENT_KEYS", EVENT_KEYS)
     settings = load_settings(PlannerSettings)
     assert settings.kafka.bootstrap_servers == "kafka:9092"
     assert "secret" not in repr(settings)
@@ -68,6 +70,7 @@ def test_the_compose_warmer_is_valid_warmer_settings_for_its_engine(monkeypatch:
         for variable, given in filled.items():
             value = value.replace(variable, given)
         monkeypatch.setenv(key, '{"acme": "tenant-secret"}' if key == "WARMPLANE_TENANT_SECRETS" else value)
+    monkeypatch.setenv("WARMPLANE_EVENT_KEYS", EVENT_KEYS)
     settings = load_settings(WarmerSettings)
     [engine] = settings.engines
     assert engine.url == "http://vllm:8000" and engine.block_size == 16
@@ -85,8 +88,9 @@ def test_the_compose_warmer_is_valid_warmer_settings_for_its_engine(monkeypatch:
 
 def test_the_compose_gateway_is_valid_gateway_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     given = {
-        "WARMPLANE_API_KEYS": '{"acme": ["key-1"]}',
+        "WARMPLANE_API_KEYS": '{"acme": ["acme-key-0123456789"]}',
         "WARMPLANE_TENANT_SECRETS": '{"acme": "tenant-secret"}',
+        "WARMPLANE_EVENT_KEYS": EVENT_KEYS,
     }
     for key, raw in _compose()["services"]["gateway"]["environment"].items():
         value = given.get(key, str(raw).replace("${WARMPLANE_POSTGRES_PASSWORD}", "secret"))
@@ -269,6 +273,7 @@ def test_the_compose_api_is_valid_api_settings(monkeypatch: pytest.MonkeyPatch) 
     for key, raw in service["environment"].items():
         value = tokens if key == "WARMPLANE_API_TOKENS" else str(raw)
         monkeypatch.setenv(key, value.replace("${WARMPLANE_POSTGRES_PASSWORD}", "secret"))
+    monkeypatch.setenv("WARMPLANE_EVENT_KEYS", EVENT_KEYS)
     settings = load_settings(ApiSettings)
     assert [t.role for t in settings.api_tokens] == ["admin"] and "a-token-of-16-chars" not in repr(settings)
     assert f"{settings.api.http_port}:{settings.api.http_port}" in service["ports"]
@@ -311,3 +316,57 @@ def _kv_events_config(args: list[str]) -> dict[str, Any]:
     [config] = [json.loads(arg.split("=", 1)[1]) for arg in args if arg.startswith("--kv-events-config=")]
     assert config["enable_kv_cache_events"] is True and config["publisher"] == "zmq"
     return dict(config)
+
+
+def test_the_api_and_gateway_metrics_ports_stay_inside_the_cluster() -> None:
+    """Per-tenant figures: each /metrics port is declared on its pod, named by no Service, reachable by
+    the NetworkPolicy only from a namespace given by name, and in compose exposed but never published."""
+    objects = _manifests()
+    compose = _compose()["services"]
+    policy = objects[("NetworkPolicy", "warmplane-metrics-in-cluster")]["spec"]
+    for workload, container, port, service in (
+        ("warmplane-api", "api", ApiOptions().metrics_port, "api"),
+        ("warmplane-gateway", "gateway", GatewayOptions().metrics_port, "gateway"),
+    ):
+        declared = _container(objects[("Deployment", workload)], container)["ports"]
+        assert {"name": "metrics", "containerPort": port} in declared
+        targets = {p.get("targetPort") for p in objects[("Service", workload)]["spec"]["ports"]}
+        assert targets.isdisjoint({"metrics", port}), workload
+        [selected] = policy["podSelector"]["matchExpressions"]
+        assert workload in selected["values"]
+        assert all(not str(published).endswith(f":{port}") for published in compose[service]["ports"])
+        assert str(port) in compose[service]["expose"]
+    for rule in policy["ingress"]:
+        if {"port": "metrics"} in rule["ports"]:
+            assert rule["from"] and all("namespaceSelector" in peer for peer in rule["from"])
+
+
+def test_every_service_that_produces_or_consumes_control_events_holds_the_event_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every Warmplane container but the migrations reads the event-keys Secret, and compose requires them
+    of every service; the example's value loads as keys."""
+    objects = _manifests()
+    holders = {
+        ("Deployment", "warmplane-planner"): "planner",
+        ("Deployment", "warmplane-api"): "api",
+        ("Deployment", "warmplane-gateway"): "gateway",
+        ("StatefulSet", "vllm"): "warmer",
+    }
+    for workload, name in holders.items():
+        refs = [
+            ref["secretRef"]["name"]
+            for ref in _container(objects[workload], name)["envFrom"]
+            if "secretRef" in ref
+        ]
+        assert "warmplane-event-keys" in refs, name
+    for name in ("planner", "warmer", "gateway", "api"):
+        assert (
+            "${WARMPLANE_EVENT_KEYS:?" in _compose()["services"][name]["environment"]["WARMPLANE_EVENT_KEYS"]
+        )
+    monkeypatch.setenv(
+        "WARMPLANE_EVENT_KEYS",
+        objects[("Secret", "warmplane-event-keys")]["stringData"]["WARMPLANE_EVENT_KEYS"],
+    )
+    monkeypatch.setenv("WARMPLANE_NODE", "gpu-node-0")
+    assert len(load_settings(WarmerSettings).event_keys) == 1

@@ -127,20 +127,26 @@ class Harness:
     sink: ListSink
     table: ReplicaTable
 
+    async def metrics(self) -> str:
+        """The Prometheus text of the metrics port's app (`/metrics` is not on the clients' port)."""
+        transport = httpx.ASGITransport(app=self.parts.metrics_app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway-metrics") as client:
+            return (await client.get("/metrics")).text
+
     async def post(self, body: dict[str, Any], *, tenant: str = "acme", path: str = "/v1/completions") -> Any:
         headers = {"authorization": f"Bearer {KEYS[tenant]}"}
         return await self.client.post(path, json=body, headers=headers)
 
 
 @contextlib.asynccontextmanager
-async def serving(routing: RoutingSettings) -> AsyncIterator[Harness]:
+async def serving(routing: RoutingSettings, options: GatewayOptions | None = None) -> AsyncIterator[Harness]:
     """The gateway over mock replicas r0, r1, r2 of `MODEL`, all ready."""
     fleet = Fleet(completion)
     sink = ListSink()
     settings = GatewaySettings(
         api_keys={tenant: [SecretStr(key)] for tenant, key in KEYS.items()},
         tenant_secrets={tenant: SecretStr(secret) for tenant, secret in SECRETS.items()},
-        gateway=GatewayOptions(block_size=32, max_body_bytes=8192),
+        gateway=options or GatewayOptions(block_size=32, max_body_bytes=8192),
         routing=routing,
     )
     table = static_membership(Replica(f"r{i}", f"http://r{i}.test:8000", MODEL, "rev1") for i in range(3))
@@ -293,7 +299,7 @@ async def test_a_request_the_client_resent_is_served_counted_and_its_replica_kep
     assert first.status_code == second.status_code == 200
     replica = first.headers["x-warmplane-replica"]
     assert second.headers["x-warmplane-replica"] == replica  # not ejected: the replica answered
-    text = (await gateway.client.get("/metrics")).text
+    text = await gateway.metrics()
     assert f'warmplane_gateway_resends_total{{replica="{replica}"}} 2.0' in text
     assert "warmplane_gateway_ejections_total{" not in text
 
@@ -366,7 +372,7 @@ async def test_a_request_whose_leading_prefix_was_not_cached_is_a_prefix_miss(ga
     [seen] = gateway.sink.of(RequestObserved)
     assert (miss.chain, miss.resident_depth, miss.cached_tokens) == (seen.chain, 0, 0)
     assert miss.tenant == "acme" and miss.replica == seen.replica
-    metrics = (await gateway.client.get("/metrics")).text
+    metrics = await gateway.metrics()
     assert 'warmplane_gateway_cold_requests_total{model="tiny",tenant="acme"} 1.0' in metrics
 
 
@@ -378,7 +384,7 @@ async def test_metrics_count_by_tenant_and_model_and_never_show_a_key(
     await gateway.client.post(
         "/v1/completions", json=prompt(1), headers={"authorization": "Bearer sk-nobody"}
     )
-    text = (await gateway.client.get("/metrics")).text
+    text = await gateway.metrics()
     assert (
         'warmplane_gateway_requests_total{endpoint="completions",model="tiny",status="200",tenant="acme"} 1.0'
         in text
@@ -392,14 +398,14 @@ async def test_metrics_count_by_tenant_and_model_and_never_show_a_key(
 
 def test_settings_refuse_keys_without_a_salt_secret_and_a_key_shared_by_tenants() -> None:
     with pytest.raises(ValueError, match="no cache-salt secret"):
-        GatewaySettings(api_keys={"acme": [SecretStr("k")]}, tenant_secrets={})
+        GatewaySettings(api_keys={"acme": [SecretStr(KEYS["acme"])]}, tenant_secrets={})
     with pytest.raises(ValueError, match="one tenant each"):
         GatewaySettings(
-            api_keys={"a": [SecretStr("k")], "b": [SecretStr("k")]},
+            api_keys={"a": [SecretStr(KEYS["acme"])], "b": [SecretStr(KEYS["acme"])]},
             tenant_secrets={"a": SecretStr("s"), "b": SecretStr("s")},
         )
     settings = GatewaySettings(
-        api_keys={"a": [SecretStr("key-a")]}, tenant_secrets={"a": SecretStr("salt-a")}
+        api_keys={"a": [SecretStr("key-a-0123456789")]}, tenant_secrets={"a": SecretStr("salt-a")}
     )
     assert "key-a" not in repr(settings) and "salt-a" not in repr(settings)
 
