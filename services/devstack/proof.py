@@ -23,8 +23,8 @@ from warmplane.shared.hash_ring import HashRing
 from warmplane.shared.mooncake_trace import TraceRequest
 from warmplane.shared.prefix_chain import Namespace, chat_chain
 
-COMPARED = 24
-"""Requests of the tail sent to both: enough for a median, short enough for a minute on the CPU."""
+COMPARED = 12
+"""Requests of the tail sent to both: enough for a median, short enough for a minute or two on the CPU."""
 
 
 @dataclass(frozen=True, slots=True)
