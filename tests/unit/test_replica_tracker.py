@@ -213,6 +213,16 @@ def test_an_empty_plan_says_there_was_nothing_to_warm() -> None:
     assert replica.reason == "nothing to warm: the plan holds no cacheable prefix"
 
 
+def test_an_empty_plan_the_planner_explained_turns_ready_with_its_reason() -> None:
+    replica = loaded()
+    why = "warming buys little for model m: nothing is likely enough to be used in the ramp window"
+    order = accept_and_run(replica, msgspec.structs.replace(plan(1, []), empty_reason=why))
+    replica.finished(outcome(order), NOW)
+
+    assert (replica.ready, replica.partial) == (True, False)
+    assert replica.reason == f"nothing to warm: {why}"
+
+
 def test_a_partially_warm_replica_whose_later_plan_verifies_is_ready_in_full() -> None:
     replica = loaded()
     replica.tick(NOW + timedelta(seconds=60))

@@ -106,11 +106,12 @@ class Policy:
     """False: the replica turns ready as soon as its engine answers, and plans are refused."""
 
 
-def _verified(outcome: Outcome) -> str:
+def _verified(outcome: Outcome, plan: WarmPlanIssued) -> str:
     done = len(outcome.verified) + outcome.already_held
     total = outcome.needed + outcome.already_held
     if total == 0:
-        return "nothing to warm: the plan holds no cacheable prefix"
+        # The planner's own reason for an empty plan, when it gave one, says more than the count.
+        return f"nothing to warm: {plan.empty_reason or 'the plan holds no cacheable prefix'}"
     return f"warm verified: {done} of {total} prefixes held"
 
 
@@ -269,11 +270,15 @@ class ReplicaTracker:
         verified = outcome.fraction >= self.policy.min_verified_fraction
         if self.phase is Phase.READY and self.partial and verified:
             # A replica serving on a partial warm whose later plan verified: ready again, now in full.
-            return [self._to(Phase.READY, f"{_verified(outcome)} (after serving partially warm)", ready=True)]
+            return [
+                self._to(
+                    Phase.READY, f"{_verified(outcome, plan)} (after serving partially warm)", ready=True
+                )
+            ]
         if self.phase is not Phase.WARMING:
             return []
         if verified:
-            return [self._to(Phase.READY, _verified(outcome), ready=True)]
+            return [self._to(Phase.READY, _verified(outcome, plan), ready=True)]
         self._awaiting = plan
         return self.tick(now)
 
