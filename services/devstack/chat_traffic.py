@@ -112,13 +112,18 @@ class Slice:
     """Answers are the trace's output length scaled like the blocks, at most this."""
 
 
+def answer_tokens(request: TraceRequest, part: Slice) -> int:
+    """The answer's length: the trace's output length scaled like the blocks, at least 1, at most the cap."""
+    scale = part.words_per_block / TRACE_BLOCK_TOKENS
+    return min(max(int(request.output_length * scale), 1), part.max_tokens_cap)
+
+
 def replay_requests(trace: Sequence[TraceRequest], words: Sequence[str], part: Slice) -> list[ChatRequest]:
     """The requests of `part` of `trace`, in time order, as chat requests timed from the slice's start."""
     if not 0 < part.sample <= 1:
         raise ValueError(f"sample must be in (0, 1], got {part.sample}")
     start_ms = trace[0].timestamp + part.offset_s * 1000
     end_ms = start_ms + part.duration_s * 1000
-    scale = part.words_per_block / TRACE_BLOCK_TOKENS
     out = []
     for request in trace:
         if not start_ms <= request.timestamp < end_ms:
@@ -126,7 +131,7 @@ def replay_requests(trace: Sequence[TraceRequest], words: Sequence[str], part: S
         key = routing_key(request)
         if not kept(key, part.sample, part.seed):
             continue
-        max_tokens = min(max(int(request.output_length * scale), 1), part.max_tokens_cap)
+        max_tokens = answer_tokens(request, part)
         out.append(
             ChatRequest(
                 at_s=(request.timestamp - start_ms) / 1000,

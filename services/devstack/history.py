@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from warmplane.services.cli.replay import emit_paced
+from warmplane.services.devstack import chat_traffic
 from warmplane.services.devstack.chat_load import Sample, within
 from warmplane.services.devstack.chat_traffic import ChatRequest, Slice, chat_messages, kept, routing_key
 from warmplane.shared.emitter import Emitter
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import ModelRef, PrefixPayload, RequestObserved
-from warmplane.shared.mooncake_trace import TRACE_BLOCK_TOKENS, TraceRequest
+from warmplane.shared.mooncake_trace import TraceRequest
 from warmplane.shared.prefix_chain import Namespace, chat_chain
 
 LIVE_S = 60.0
@@ -75,8 +76,7 @@ def messages(request: TraceRequest, words: Sequence[str]) -> list[dict[str, str]
 
 
 def answer_tokens(request: TraceRequest) -> int:
-    scale = SHAPE.words_per_block / TRACE_BLOCK_TOKENS
-    return min(max(int(request.output_length * scale), 1), SHAPE.max_tokens_cap)
+    return chat_traffic.answer_tokens(request, SHAPE)
 
 
 def recorded_event(
