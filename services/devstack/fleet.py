@@ -38,8 +38,8 @@ START_TIMEOUT_S = 900.0
 """A CPU engine starts in about a minute on a quiet 2-core machine, five times that on a busy one."""
 DTYPE = "float32"
 """The converted weights are bfloat16; a CPU without AVX512-BF16 computes bfloat16 through a slow path
-(oneDNN falls back to torch): on this project's AVX2-only 2-core machine a 1,500-token prefill took 70 s in
-bfloat16 and 10 s in float32 (measured by hand, one engine confined to one core)."""
+(oneDNN falls back to torch), several times slower than float32 (`bench/results/make-up.txt` has the
+measurement)."""
 KV_CACHE_GIB = 2
 """Each engine's KV cache: SmolLM2 keeps about 23 KB a token, so some 90,000 tokens, more than a plan."""
 

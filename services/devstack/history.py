@@ -39,7 +39,7 @@ PAYLOAD_DEPTHS = (4, 8, 16, 24)
 can warm. The gateway sends the whole prompt's instead, once per prompt."""
 SHAPE = Slice(offset_s=0.0, duration_s=0.0, sample=LIVE_SHARE, max_blocks=24, max_tokens_cap=16)
 """How a trace request becomes a chat request (words per block, answer length), its chain cut at 24 blocks
-(about 1,000 tokens): a cold one costs SmolLM2 some 5 s on one core of an AVX2-only machine."""
+(about 1,000 tokens), so a cold prefill on one CPU core stays within seconds."""
 
 
 @dataclass(frozen=True, slots=True)
