@@ -104,7 +104,7 @@ class ResidencyWatch:
     def learn(self, report: RunReport, payloads: dict[HeldKey, PrefixPayload]) -> None:
         """A run verified `report.chains`: follow them, and report at the next step."""
         now = time.monotonic()
-        self.residency.learn(report.chains, payloads, now)
+        self.residency.learn(report.chains, payloads, now, self._seq())
         self._due = True
         self._recheck_at = now + GRACE_S  # what the grace kept held is judged then
 
@@ -178,7 +178,12 @@ class ResidencyWatch:
             if believed and not hit:
                 log.warning("reconciliation: a prefix the KV events hold missed; events were lost")
                 index.doubt()
-            self.residency.confirm(key, time.monotonic())
+            self.residency.confirm(key, time.monotonic(), self._seq())
+
+    def _seq(self) -> int:
+        """The last batch the index applied (-1 before the first)."""
+        last = self.feed.index.last_seq
+        return -1 if last is None else last
 
     def _probe_done(self) -> None:
         self._probing = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,6 +18,7 @@ import pytest
 from tests.integration.planner_harness import MODEL, events_on, produce
 from tests.integration.test_warmer_faults import warm_plan
 from tests.integration.warmer_harness import conversation, real_chat, wait_for, warmer_settings, words
+from warmplane.services.warmer.core.kv_index import block_chain
 from warmplane.services.warmer.core.replica import Phase
 from warmplane.services.warmer.service import Warmer
 from warmplane.services.warmer.settings import WarmSettings
@@ -115,13 +117,25 @@ async def test_evicted_warm_prefixes_are_reported_lost_and_warmed_again_by_the_n
 
         # Events lost for good (as a message dropped past the engine's replay buffer would be): what the
         # index cannot find is unsure, and a probe settles it; being the warm request, it fills it again.
+        # Probes may run while the eviction traffic still flows: one it evicts again is probed again.
         watch.feed.index.doubt()
         await evict()
+        marker = await driver.client.warm(PrefixPayload(0, prompt=words(rng, 80)), cache_salt="marker")
+        assert marker.prompt_token_ids is not None
+        last_sent = block_chain(marker.prompt_token_ids, driver.client.block_size, "marker")
+        assert last_sent.digests
         await wait_for(
-            lambda: len(watch.residency.confirmed) == 4 and reported(4, 4),
-            timeout_s=_TIMEOUT_S,
-            what="the probes",
+            lambda: watch.feed.index.holds(last_sent), timeout_s=_TIMEOUT_S, what="the events of all traffic"
         )
+
+        def settled() -> bool:
+            """What the index now knows, with the probes' answers, vouches for all four, as reported."""
+            found = watch.residency.assess(driver.tracker.held, watch.feed.index, time.monotonic())
+            last = watch.last
+            vouched = found.complete and len(found.held) == 4
+            return vouched and last is not None and last.complete and reported(4, 4)
+
+        await wait_for(settled, timeout_s=_TIMEOUT_S, what="the probes")
         restored = await real_chat(small_engine, conversations[0], salt)
         assert restored["prompt_tokens_details"]["cached_tokens"] > 0, "the probe filled it again"
         incarnation = driver.tracker.incarnation

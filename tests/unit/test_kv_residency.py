@@ -127,7 +127,8 @@ def learned(engine: Engine, index: KvIndex, prefixes: range, now: float = 0.0) -
     chains = {key(p): block_chain([p * 100 + t for t in range(9)], BLOCK, "s") for p in prefixes}
     for p in prefixes:
         feed(index, engine.store([p * 100 + t for t in range(9)], "s")[0])
-    residency.learn(chains, {key(p): PrefixPayload(prefix_id=p, prompt="x") for p in prefixes}, now)
+    payloads = {key(p): PrefixPayload(prefix_id=p, prompt="x") for p in prefixes}
+    residency.learn(chains, payloads, now, seq=index.expects() - 1)
     return residency
 
 
@@ -152,15 +153,61 @@ def test_with_an_incomplete_index_a_probe_settles_what_the_events_cannot() -> No
     now = residency.grace_s + 1
     unsure = residency.assess({key(0), key(1)}, index, now)
     assert unsure.unsettled == {key(0), key(1)} and unsure.held == {key(0), key(1)} and not unsure.complete
-    residency.confirm(key(0), now)
+    residency.confirm(key(0), now, index.expects() - 1)
     settled = residency.assess({key(0), key(1)}, index, now)
     assert settled.held == {key(0), key(1)} and settled.unsettled == {key(1)} and not settled.lost
-    residency.confirm(key(1), now)
+    residency.confirm(key(1), now, index.expects() - 1)
     assert residency.assess({key(0), key(1)}, index, now).complete
     residency.cleared()
     assert residency.assess({key(0)}, index, now + residency.grace_s).unsettled == {key(0)}
     index.apply(index.expects(), [{"type": "AllBlocksCleared"}])
     assert residency.assess({key(0)}, index, now + residency.grace_s).lost == {key(0)}
+
+
+def test_an_eviction_seen_after_a_probe_voids_its_answer() -> None:
+    """Events were lost, a probe filled prefix 0 again (its blocks seen stored), then traffic evicted it:
+    the probe's answer no longer stands, and the next assessment asks for another probe."""
+    engine, index = Engine(), KvIndex()
+    residency = learned(engine, index, range(2))
+    index.lose(index.expects() + 1)
+    now = residency.grace_s + 1
+    tokens = [0 * 100 + t for t in range(9)]
+    _, hashes = engine.store(tokens, "s")
+    feed(index, removed(*hashes))
+    assert residency.assess({key(0), key(1)}, index, now).unsettled == {key(0)}
+    residency.confirm(key(0), now, index.expects() - 1)
+    assert residency.assess({key(0)}, index, now).complete, "the probe's answer stands"
+    feed(index, engine.store(tokens, "s")[0])  # the probe's own fill, seen late
+    feed(index, removed(hashes[1]))  # and evicted again by later traffic
+    again = residency.assess({key(0), key(1)}, index, now + 1)
+    assert again.unsettled == {key(0)} and again.held == {key(0), key(1)}
+    residency.confirm(key(0), now + 1, index.expects() - 1)
+    assert residency.assess({key(0)}, index, now + 1).complete
+
+
+def test_removed_since_walks_held_and_removed_blocks_and_forgets_the_oldest_removals() -> None:
+    engine, index = Engine(), KvIndex(removals_kept=3)
+    tokens = list(range(13))
+    stored, hashes = engine.store(tokens, "s")
+    feed(index, stored)
+    chain = block_chain(tokens, BLOCK, "s")
+    before = index.expects() - 1
+    assert not index.removed_since(chain, before)
+    feed(index, removed(hashes[2]))
+    assert index.removed_since(chain, before) and not index.removed_since(chain, index.expects() - 1)
+    assert not index.removed_since(block_chain(tokens, BLOCK, "t"), before), "another salt's chain"
+    feed(index, engine.store(tokens, "s")[0])
+    assert index.holds(chain) and not index.removed_since(chain, before), "stored again: nothing removed"
+    feed(index, removed(hashes[0]))
+    others = [engine.store([10_000 + i * 10 * BLOCK + t for t in range(BLOCK)], "o") for i in range(3)]
+    feed(index, *(stored for stored, _ in others))
+    feed(index, removed(*(h for _, hs in others[:2] for h in hs)))
+    assert index.removed_since(chain, before), "three removals kept: this one among them"
+    feed(index, removed(*others[2][1]))
+    assert not index.removed_since(chain, before), "the oldest removal forgotten"
+    feed(index, removed(hashes[1]))
+    feed(index, {"type": "AllBlocksCleared"})
+    assert not index.removed_since(chain, before), "a clear forgets every removal"
 
 
 def test_the_reconciliation_sample_rotates_through_every_held_prefix() -> None:

@@ -46,7 +46,7 @@ async def test_a_failed_probe_is_not_retried_at_once() -> None:
         wake=lambda: None,
     )
     watch.residency.learn(
-        {KEY: block_chain(list(range(9)), 4, "salt")}, {KEY: PrefixPayload(7, prompt="x")}, now=-100.0
+        {KEY: block_chain(list(range(9)), 4, "salt")}, {KEY: PrefixPayload(7, prompt="x")}, now=-100.0, seq=-1
     )
     watch.feed.index.lose(3)  # events were lost: the index cannot vouch for the prefix
     held = {KEY}

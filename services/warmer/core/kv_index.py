@@ -15,6 +15,8 @@ Contracts:
 - `accept(seq)` says whether a batch numbered `seq` follows the last one without a gap. The index is
   `complete` while every batch since the engine's first (sequence 0) or since a clear was applied;
   a gap nobody filled (`lose`) makes it incomplete until the next `AllBlocksCleared`.
+- `removed_since(chain, seq)` is true iff a block of `chain` was removed by a batch after `seq` (of the
+  last `removals_kept` removals): a probe's answer stands for what the index cannot see only until then.
 - Blocks of another medium (offloaded to CPU or storage) or of another KV cache group are not the prefix
   cache a request reads first; they are ignored.
 """
@@ -28,6 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 _CACHED_MEDIA: Final = frozenset({None, "GPU"})
+REMOVALS_KEPT: Final = 65_536
+"""Removed blocks remembered with the batch that removed them: a window of seconds on a busy GPU, which is
+as long as a probe's answer needs checking (until the next assessment or probe)."""
 BlockKey = tuple[Hashable, int, Hashable]
 """(parent block hash or None for a first block, digest of the block's tokens, its extra keys)."""
 
@@ -72,8 +77,11 @@ class KvIndex:
     """Batches lost for good, counted once per gap."""
     clears: int = 0
     """`AllBlocksCleared` events applied."""
+    removals_kept: int = REMOVALS_KEPT
     _block: dict[BlockKey, Hashable] = field(default_factory=dict)
     _key_of: dict[Hashable, BlockKey] = field(default_factory=dict)
+    _removed: dict[BlockKey, tuple[Hashable, int]] = field(default_factory=dict)
+    """Removed blocks, oldest first: their hash and the batch that removed them."""
 
     def __len__(self) -> int:
         return len(self._key_of)
@@ -109,10 +117,11 @@ class KvIndex:
             elif kind == "BlockRemoved":
                 if event.get("medium") in _CACHED_MEDIA and event.get("group_idx") in (None, 0):
                     for block_hash in event.get("block_hashes") or ():
-                        self._forget(block_hash)
+                        self._remove(block_hash, seq)
             elif kind == "AllBlocksCleared":
                 self._block.clear()
                 self._key_of.clear()
+                self._removed.clear()
                 self.complete = True
                 self.clears += 1
 
@@ -126,6 +135,24 @@ class KvIndex:
                 return False
             parent, extra = found, None
         return True
+
+    def removed_since(self, chain: BlockChain, seq: int) -> bool:
+        """Whether a block of `chain` was removed by a batch after `seq`, walking from the root through
+        blocks held or remembered removed (a block never seen ends the walk: nothing to tell)."""
+        parent: Hashable = None
+        extra = chain.first_extra
+        for digest in chain.digests:
+            key = (parent, digest, extra)
+            found = self._block.get(key)
+            if found is None:
+                gone = self._removed.get(key)
+                if gone is None:
+                    return False
+                found, removed_by = gone
+                if removed_by > seq:
+                    return True
+            parent, extra = found, None
+        return False
 
     def _stored(self, event: Mapping[str, Any]) -> None:
         if event.get("medium") not in _CACHED_MEDIA or event.get("group_idx") not in (None, 0):
@@ -143,11 +170,24 @@ class KvIndex:
             extra = _extra(extras[index]) if index < len(extras) else None
             key = (parent, _digest(tokens[index * size : (index + 1) * size]), extra)
             self._forget(block_hash)
+            self._removed.pop(key, None)
             self._block[key] = block_hash
             self._key_of[block_hash] = key
             parent = block_hash
 
-    def _forget(self, block_hash: Hashable) -> None:
+    def _forget(self, block_hash: Hashable) -> BlockKey | None:
+        """Drop `block_hash`; its key if the index held it."""
         key = self._key_of.pop(block_hash, None)
         if key is not None and self._block.get(key) == block_hash:
             del self._block[key]
+            return key
+        return None
+
+    def _remove(self, block_hash: Hashable, seq: int) -> None:
+        key = self._forget(block_hash)
+        if key is None:
+            return
+        self._removed.pop(key, None)  # re-inserted last: the dict stays oldest first
+        self._removed[key] = (block_hash, seq)
+        if len(self._removed) > self.removals_kept:
+            del self._removed[next(iter(self._removed))]

@@ -10,9 +10,10 @@ Contracts:
   their token ids were known) are held, as the verified plan said.
 - A key verified less than `grace_s` ago that the index cannot find is held: the engine answers a warm
   request and publishes its blocks on two paths, and the answer may come first.
-- With an incomplete index, a key the index cannot find is held if a probe confirmed it since the cache
-  was last cleared, else held but `unsettled` (to probe). A probe is the warm request itself, so one that
-  succeeds leaves the prefix held whether it hit or not.
+- With an incomplete index, a key the index cannot find is held if a probe confirmed it (or it was
+  verified within the grace) and the index has seen none of its blocks removed since, else held but
+  `unsettled` (to probe). A probe is the warm request itself, so one that succeeds leaves the prefix held
+  whether it hit or not; an eviction seen after it voids its answer. A clear voids every answer.
 - `sample` picks, in a stable order that rotates, the keys a periodic reconciliation probes: a probe
   that misses a key the complete index holds shows lost events.
 """
@@ -52,17 +53,25 @@ class Residency:
     confirmed: set[HeldKey] = field(default_factory=set)
     """Keys a probe confirmed held since the cache was last cleared."""
     learned_at: dict[HeldKey, float] = field(default_factory=dict)
+    """When each key was last verified or probed (its grace starts there)."""
+    learned_seq: dict[HeldKey, int] = field(default_factory=dict)
+    """The index's last batch when each key was last verified or probed: a removal after it is news."""
     grace_s: float = GRACE_S
     _turn: int = 0
 
     def learn(
-        self, chains: Mapping[HeldKey, BlockChain], payloads: Mapping[HeldKey, PrefixPayload], now: float
+        self,
+        chains: Mapping[HeldKey, BlockChain],
+        payloads: Mapping[HeldKey, PrefixPayload],
+        now: float,
+        seq: int,
     ) -> None:
-        """Chains and payloads of keys verified at `now` (a verified key is held: an older probe's answer
-        goes: the index is asked first again)."""
+        """Chains and payloads of keys verified at `now`, when the index had applied batch `seq` (a verified
+        key is held: an older probe's answer goes: the index is asked first again)."""
         for key, chain in chains.items():
             self.chains[key] = chain
             self.learned_at[key] = now
+            self.learned_seq[key] = seq
             self.confirmed.discard(key)
             if key in payloads:
                 self.payloads[key] = payloads[key]
@@ -73,22 +82,27 @@ class Residency:
         unsettled: set[HeldKey] = set()
         for key in held:
             chain = self.chains.get(key)
-            if chain is None or index.holds(chain) or now - self.learned_at[key] < self.grace_s:
+            if chain is None or index.holds(chain):
                 kept.add(key)
-            elif index.complete:
-                lost.add(key)
-            else:
-                kept.add(key)
-                if key not in self.confirmed:
-                    unsettled.add(key)
+                continue
+            in_grace = now - self.learned_at[key] < self.grace_s
+            if index.complete:
+                (kept if in_grace else lost).add(key)
+                continue
+            kept.add(key)
+            answered = key in self.confirmed or in_grace
+            if not answered or index.removed_since(chain, self.learned_seq[key]):
+                unsettled.add(key)
         return Assessment(frozenset(kept), frozenset(lost), frozenset(unsettled))
 
-    def confirm(self, key: HeldKey, now: float) -> None:
-        """A probe of `key` succeeded at `now`: the engine holds it (the probe filled it if it was gone),
-        and its blocks are in flight on the event stream (the grace starts over)."""
+    def confirm(self, key: HeldKey, now: float, seq: int) -> None:
+        """A probe of `key` succeeded at `now`, when the index had applied batch `seq`: the engine holds it
+        (the probe filled it if it was gone), and its blocks are in flight on the event stream (the grace
+        starts over)."""
         self.confirmed.add(key)
         if key in self.learned_at:
             self.learned_at[key] = now
+            self.learned_seq[key] = seq
 
     def cleared(self) -> None:
         """The engine's cache was cleared: every probe's answer is void."""
@@ -99,6 +113,7 @@ class Residency:
         for key in keys:
             self.chains.pop(key, None)
             self.learned_at.pop(key, None)
+            self.learned_seq.pop(key, None)
             self.payloads.pop(key, None)
             self.confirmed.discard(key)
 
