@@ -4,9 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
-from warmplane.shared.events import Event, PrefixMissed, ReplicaEvent, RequestObserved, WarmPlanIssued
+from warmplane.shared.events import (
+    EVENT_TYPES,
+    Event,
+    PrefixMissed,
+    ReplicaEvent,
+    ReplicaResidency,
+    ReplicaRewarmRequested,
+    RequestObserved,
+    WarmFinished,
+    WarmPlanIssued,
+    WarmProgressed,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,22 +69,50 @@ _FAMILY_TOPIC: Final[dict[str, Callable[[Topics], str]]] = {
 }
 
 
-def partition_key(event: Event) -> bytes:
-    """The key that keeps related events in order on one partition (design brief, section 4).
+@dataclass(frozen=True, slots=True)
+class KeyRule:
+    """The partition key of some event types: what it is (the published contract says it) and how it is
+    made from an event."""
 
-    Requests and misses: (tenant, model, root prefix), so one planner instance owns a prefix's
-    counters. Lifecycle: the replica. Plans: the node. Fleet changes: the model.
-    """
-    if isinstance(event, RequestObserved | PrefixMissed):
-        return f"{event.tenant}/{event.model.name}/{event.chain[0]}".encode()
-    if isinstance(event, ReplicaEvent):
-        return event.replica.encode()
-    if isinstance(event, WarmPlanIssued):
-        return event.node.encode()
-    replica = getattr(event, "replica", None)
-    if isinstance(replica, str):
-        return replica.encode()
-    return f"{event.tenant}/{event.model.name}".encode()
+    events: tuple[type[Event], ...]
+    says: str
+    make: Callable[[Any], str]
+
+
+KEY_RULES: Final = (
+    KeyRule(
+        (RequestObserved, PrefixMissed),
+        "{tenant}/{model.name}/{chain[0]}: one planner instance owns a root prefix's counters",
+        lambda e: f"{e.tenant}/{e.model.name}/{e.chain[0]}",
+    ),
+    KeyRule((ReplicaEvent,), "{replica}: a replica's lifecycle in order", lambda e: e.replica),
+    KeyRule((WarmPlanIssued,), "{node}: a node's plans in order, to its warmer", lambda e: e.node),
+    KeyRule(
+        (ReplicaRewarmRequested, WarmProgressed, WarmFinished, ReplicaResidency),
+        "{replica}: a replica's results in order",
+        lambda e: e.replica,
+    ),
+    KeyRule(
+        (Event,),
+        "{tenant}/{model.name}: a model's fleet changes in order",
+        lambda e: f"{e.tenant}/{e.model.name}",
+    ),
+)
+"""The first rule whose `events` an event type is one of gives its key (design brief, section 4)."""
+
+
+def key_rule(event_type: type[Event]) -> KeyRule:
+    return _RULE_OF[event_type]
+
+
+def partition_key(event: Event) -> bytes:
+    """The key that keeps related events in order on one partition (`KEY_RULES`)."""
+    return _RULE_OF[type(event)].make(event).encode()
+
+
+_RULE_OF: Final[dict[type[Event], KeyRule]] = {
+    cls: next(rule for rule in KEY_RULES if issubclass(cls, rule.events)) for cls in EVENT_TYPES.values()
+}
 
 
 SIGNATURE_HEADER: Final = "warmplane-signature"
