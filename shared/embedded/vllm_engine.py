@@ -12,18 +12,22 @@ Contracts:
 - ``start()`` returns once ``GET /health`` answered 200 and ``GET /v1/models`` lists every served name, within
   ``start_timeout_s`` (300 s by default: two CPU engines loading side by side on a busy 2-core machine
   have taken over 120 s); an early exit fails at once, quoting the server log's tail.
-- The KV cache is fixed at ``kv_cache_space_gib`` (vLLM would otherwise size it from free RAM); caches and
-  temporary files go under ``workdir/scratch``.
+- The KV cache is fixed at ``kv_cache_space_gib`` (vLLM would otherwise size it from free RAM); caches go
+  under ``workdir/scratch``, temporary files and IPC sockets under ``ipc_dir`` (``workdir`` unless its path
+  is too long for a socket's: then a folder of the system's temp named after it, removed at stop).
 - With ``kv_events``, the engine publishes its KV cache events on ``kv_events_endpoint`` and answers replays
-  on ``kv_events_replay_endpoint`` (IPC sockets in ``workdir``: the engine binds, subscribers connect).
+  on ``kv_events_replay_endpoint`` (IPC sockets in ``ipc_dir``: the engine binds, subscribers connect).
 - ``stop()`` sends SIGTERM to the process group, then SIGKILL after ``stop_timeout_s``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -115,8 +119,9 @@ def _builder_script(name: str) -> Path:
     return Path(str(resources.files("warmplane.shared.embedded").joinpath(name)))
 
 
-_MAX_IPC_PATH = 100
-"""A Unix socket path is at most 107 bytes on Linux."""
+_MAX_IPC_DIR = 64
+"""A Unix socket path is at most 107 bytes on Linux; vLLM's own are its TMPDIR (`ipc_dir/tmp`), a slash and
+a 36-character uuid."""
 
 
 class EmbeddedVllm(EmbeddedPart):
@@ -170,8 +175,10 @@ class EmbeddedVllm(EmbeddedPart):
         self.kv_cache_space_gib = kv_cache_space_gib
         self.extra_args = tuple(extra_args)
         self.kv_events = kv_events
-        if kv_events and len(str(self.workdir / "kv-events-replay")) > _MAX_IPC_PATH:
-            raise ValueError(f"workdir {self.workdir} is too long for the KV events' IPC socket paths")
+        if len(str(self.ipc_dir)) > _MAX_IPC_DIR:
+            raise ValueError(
+                f"the temp folder {tempfile.gettempdir()} is too long for vLLM's IPC socket paths: set TMPDIR"
+            )
 
     @property
     def base_url(self) -> str:
@@ -191,17 +198,37 @@ class EmbeddedVllm(EmbeddedPart):
     @property
     def kv_events_endpoint(self) -> str | None:
         """Where the engine publishes its KV cache events (with ``kv_events``)."""
-        return f"ipc://{self.workdir.absolute()}/kv-events" if self.kv_events else None
+        return f"ipc://{self.ipc_dir}/kv-events" if self.kv_events else None
 
     @property
     def kv_events_replay_endpoint(self) -> str | None:
         """Where the engine answers replays of its buffered KV event batches (with ``kv_events``)."""
-        return f"ipc://{self.workdir.absolute()}/kv-events-replay" if self.kv_events else None
+        return f"ipc://{self.ipc_dir}/kv-events-replay" if self.kv_events else None
 
     @property
     def scratch_dir(self) -> Path:
-        """vLLM's and torch's caches and temporary files."""
+        """vLLM's and torch's caches."""
         return self.workdir / "scratch"
+
+    @property
+    def ipc_dir(self) -> Path:
+        """The engine's IPC sockets and temporary files: `workdir`, or, when its path leaves no room for a
+        socket's name, a folder of the system's temp named after it."""
+        workdir = self.workdir.absolute()
+        if len(str(workdir)) <= _MAX_IPC_DIR:
+            return workdir
+        digest = hashlib.blake2b(str(workdir).encode(), digest_size=6).hexdigest()
+        return Path(tempfile.gettempdir()) / f"warmplane-vllm-{digest}"
+
+    def stop(self) -> None:
+        super().stop()
+        if not self.ipc_dir.is_relative_to(self.workdir.absolute()):
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        super().kill()
+        if not self.ipc_dir.is_relative_to(self.workdir.absolute()):
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
     def command(self) -> list[str]:
         """The server's argv (needs the port, so only meaningful once ``start()`` chose it)."""
@@ -231,7 +258,7 @@ class EmbeddedVllm(EmbeddedPart):
             VLLM_NO_USAGE_STATS="1",
             VLLM_CACHE_ROOT=scratch,
             TORCHINDUCTOR_CACHE_DIR=scratch,
-            TMPDIR=scratch,
+            TMPDIR=str(self.ipc_dir / "tmp"),
         )
         if self.omp_threads_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = str(self.omp_threads_bind)
@@ -239,6 +266,7 @@ class EmbeddedVllm(EmbeddedPart):
 
     def _spawn(self, deadline: float) -> subprocess.Popen[bytes]:
         self.scratch_dir.mkdir(parents=True, exist_ok=True)
+        (self.ipc_dir / "tmp").mkdir(mode=0o700, parents=True, exist_ok=True)
         return start_process(self.command(), self.log_path, cwd=self.workdir, env=self.environment())
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
