@@ -201,6 +201,7 @@ async def _resources(
             max_payload_bytes=ingest.catalog_max_payload_bytes,
             window_per_partition=ingest.dedup_window_per_partition,
             queue_depth=ingest.writer_queue_depth,
+            db_outage_s=ingest.db_outage_s,
             on_failure=on_failure,
             after_commit=reactor.after_commit,
         )

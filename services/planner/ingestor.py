@@ -9,6 +9,11 @@ on assignment the consumer seeks to those offsets (`restore`), so a crash replay
 counted. Duplicates at other offsets (a producer's retry) are recognised by a window of recent event
 ids per partition, rebuilt from the ledger on assignment. The broker offset is committed after the
 database too, for lag monitoring and for tools that read it.
+
+An unreachable Postgres (a restart, a failover) is ridden out for `db_outage_s`: the writer tries its
+batch again with backoff while the bounded queue holds the consumer back. A batch whose commit went
+through before the connection dropped is then refused by its own stored positions (`Fenced`) and the
+partitions are re-read from there: never counted twice. Past the outage bound the planner stops.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import attrgetter
@@ -32,7 +38,7 @@ from warmplane.services.planner.core.ingest_batch import IngestBatch, fold_event
 from warmplane.services.planner.core.node_cache import NodeCache
 from warmplane.services.planner.core.recent_ids import RecentIds
 from warmplane.services.planner.metrics import PlannerMetrics
-from warmplane.services.planner.pg_store import Fenced, PartitionSlice, PgIngestStore, event_type
+from warmplane.services.planner.pg_store import Fenced, PartitionSlice, event_type
 from warmplane.shared.codec import DecodeFailure, EventCodec
 from warmplane.shared.dead_letters import DeadLetter, DeadLetterSink, RawRecord, reason_class
 from warmplane.shared.event_signing import SignedTopics
@@ -45,9 +51,43 @@ _CHUNK = 512
 (five a batch) waits for one."""
 _partition_of = attrgetter("topic", "partition")
 _offset_of = attrgetter("offset")
+_UNREACHABLE = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+)
+"""What a batch write raises while Postgres cannot be reached or is shutting down or starting up; any
+other error stops the writer at once."""
+_RETRY_FIRST_S = 0.2
+_RETRY_MAX_S = 5.0
 Partition = tuple[str, int]
 Offsets = dict[Partition, int]
 """(topic, partition) -> the next offset to consume, i.e. the last processed offset + 1."""
+
+
+class IngestStore(Protocol):
+    """What the writer needs of the database (`PgIngestStore`)."""
+
+    async def write(self, slices: Sequence[PartitionSlice], batch: IngestBatch) -> None:
+        """Commit `batch` with its partitions' new positions, atomically; `Fenced` if a partition's stored
+        position is not the one its slice expects (nothing written)."""
+        ...
+
+    async def positions(
+        self, partitions: Sequence[Partition], window: int
+    ) -> Mapping[Partition, tuple[int, Sequence[uuid.UUID]]]:
+        """Each partition's stored next offset and up to `window` recent event ids (absent: never counted)."""
+        ...
+
+    async def rejected(
+        self, batch_of: Callable[[list[Event]], IngestBatch], events: list[Event]
+    ) -> list[int]:
+        """The indexes of the events the database refuses to store (nothing written)."""
+        ...
 
 
 class ConsumerPort(Protocol):
@@ -77,13 +117,14 @@ class Ingestor:
         *,
         codec: EventCodec,
         signed: SignedTopics | None = None,
-        store: PgIngestStore,
+        store: IngestStore,
         dead_letters: DeadLetterSink,
         metrics: PlannerMetrics,
         node_cache: NodeCache,
         max_payload_bytes: int,
         window_per_partition: int,
         queue_depth: int = 2,
+        db_outage_s: float = 0.0,
         on_failure: Callable[[], None] = lambda: None,
         after_commit: Callable[[IngestBatch], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -105,6 +146,7 @@ class Ingestor:
         self._queue: asyncio.Queue[_Work | None] = asyncio.Queue(maxsize=queue_depth)
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self._db_outage_s = db_outage_s
         self._on_failure = on_failure
         self._after_commit = after_commit
         """Called with each batch holding replica events or fleet changes once it committed (the plan
@@ -315,10 +357,10 @@ class Ingestor:
         try:
             try:
                 with self._metrics.batch_seconds.time():
-                    await self._store.write(list(work.slices.values()), batch)
+                    await self._write(work, batch)
             except asyncpg.DataError:
                 batch = await self._without_unstorable(work)
-                await self._store.write(list(work.slices.values()), batch)
+                await self._write(work, batch)
         except Fenced as fenced:
             await self._rewind(work, fenced.partitions)
             return
@@ -337,6 +379,24 @@ class Ingestor:
         except Exception:  # the database holds the truth; the broker's copy only serves monitoring
             self._metrics.commit_failures.inc()
             log.warning("broker offset commit failed; positions are safe in Postgres", exc_info=True)
+
+    async def _write(self, work: _Work, batch: IngestBatch) -> None:
+        """Write `batch`; while Postgres cannot be reached, again after a backoff, for `db_outage_s`."""
+        gives_up = time.monotonic() + self._db_outage_s
+        delay = _RETRY_FIRST_S
+        while True:
+            try:
+                await self._store.write(list(work.slices.values()), batch)
+                return
+            except _UNREACHABLE as exc:
+                if time.monotonic() + delay > gives_up:
+                    raise
+                log.warning(
+                    "Postgres unreachable (%s); the batch is tried again in %.1f s", _said(exc), delay
+                )
+                self._metrics.db_retries.inc()
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, _RETRY_MAX_S)
 
     async def _send_letters(self, letters: Sequence[DeadLetter]) -> None:
         """Dead letters reach the broker before their batch commits, so none is lost to a crash."""
@@ -362,7 +422,9 @@ class Ingestor:
     async def _rewind(self, work: _Work, partitions: set[Partition]) -> None:
         """After a fence: forget what this batch added, reload, and re-read what this consumer still owns."""
         log.warning(
-            "partitions %s were counted by another consumer; re-reading from Postgres", sorted(partitions)
+            "partitions %s are stored past this batch (another consumer counted them, or this batch's commit "
+            "went through before its answer was lost); re-reading from Postgres",
+            sorted(partitions),
         )
         positions = await self.restore(list(work.slices))
         for partition in work.slices:
@@ -372,3 +434,9 @@ class Ingestor:
     def _fold(self, events: list[Event]) -> IngestBatch:
         self._nodes.forget_expired(self._clock())
         return fold_events(events, stored_nodes=self._nodes)
+
+
+def _said(exc: BaseException) -> str:
+    """An error's class and its first line (no query, no DSN)."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}"[:200]

@@ -30,6 +30,11 @@ class PlannerMetrics:
             "Broker offset commits that failed (batch replays)",
             registry=registry,
         )
+        self.db_retries = Counter(
+            "warmplane_planner_db_retries",
+            "Batch writes tried again because Postgres could not be reached",
+            registry=registry,
+        )
         self.plans_issued = Counter(
             "warmplane_planner_plans_issued",
             "Warm plans recorded and published",

@@ -123,7 +123,8 @@ class PartitionSlice:
 
 
 class Fenced(Exception):
-    """Another consumer has counted past where this batch starts on `partitions`; nothing was written."""
+    """`partitions` are stored past where this batch starts (another consumer counted them, or this very
+    batch committed before its answer was lost); nothing was written."""
 
     def __init__(self, partitions: set[tuple[str, int]]) -> None:
         super().__init__(f"partitions taken over by another consumer: {sorted(partitions)}")

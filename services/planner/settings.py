@@ -56,6 +56,10 @@ class IngestSettings(BaseModel):
     node_cache_max_age_s: Annotated[float, Field(gt=0)] = 3600.0
     """The planner forgets which chain nodes it wrote once the oldest it remembers is this old, so it never
     trusts a node whose path rows the retention sweep may have deleted (`core/node_cache.py` says why)."""
+    db_outage_s: Annotated[float, Field(ge=0, le=240)] = 120.0
+    """How long the writer rides out an unreachable Postgres (a restart, a failover), trying its batch
+    again, before it stops the planner. At most 240 s: the consumer, blocked meanwhile, must poll again
+    within the broker's 300 s `max.poll.interval.ms`."""
     writer_queue_depth: Positive = 2
     """Decoded batches waiting for the writer: with the one being written and the one being decoded,
     what bounds the planner's memory (a 30,000-event batch of the bench's fleet shape holds 12 MB of

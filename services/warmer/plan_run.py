@@ -30,7 +30,7 @@ from pydantic import SecretStr
 
 from warmplane.services.warmer.core.kv_index import BlockChain, block_chain
 from warmplane.services.warmer.core.replica import HeldKey, Outcome, RunOrder, held_key
-from warmplane.services.warmer.vllm_client import VllmEngineClient, WarmFailed, WarmResult
+from warmplane.services.warmer.vllm_client import EngineClient, WarmFailed, WarmResult
 from warmplane.shared.cache_salt import derive_cache_salt
 from warmplane.shared.events import WarmItem
 
@@ -88,7 +88,7 @@ class PlanRun:
     def __init__(
         self,
         order: RunOrder,
-        client: VllmEngineClient,
+        client: EngineClient,
         salts: SaltBook,
         *,
         priority: int,

@@ -24,7 +24,7 @@ from warmplane.services.warmer.metrics import WarmerMetrics
 from warmplane.services.warmer.plan_run import PlanRun, RunReport, SaltBook
 from warmplane.services.warmer.residency_watch import ResidencyWatch
 from warmplane.services.warmer.settings import EngineSettings, WarmSettings
-from warmplane.services.warmer.vllm_client import VllmEngineClient
+from warmplane.services.warmer.vllm_client import EngineClient
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
     Event,
@@ -61,7 +61,7 @@ class ReplicaDriver:
         *,
         node: str,
         engine: EngineSettings,
-        client: VllmEngineClient,
+        client: EngineClient,
         tracker: ReplicaTracker,
         salts: SaltBook,
         warm: WarmSettings,

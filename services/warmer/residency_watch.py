@@ -25,7 +25,7 @@ from warmplane.services.warmer.core.residency import GRACE_S, Assessment, Reside
 from warmplane.services.warmer.kv_events import KvEventFeed
 from warmplane.services.warmer.plan_run import RunReport, SaltBook
 from warmplane.services.warmer.settings import EngineSettings, WarmSettings
-from warmplane.services.warmer.vllm_client import VllmEngineClient, WarmFailed
+from warmplane.services.warmer.vllm_client import EngineClient, WarmFailed
 from warmplane.shared.events import HeldPrefixes, PrefixPayload
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class ResidencyWatch:
         *,
         engine: EngineSettings,
         warm: WarmSettings,
-        client: VllmEngineClient,
+        client: EngineClient,
         salts: SaltBook,
         report: Report,
         wake: Callable[[], None],

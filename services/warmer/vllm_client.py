@@ -28,7 +28,7 @@ import ssl
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Protocol, Self
 
 import httpx
 
@@ -65,6 +65,19 @@ class WarmResult:
     cached_tokens: int
     elapsed_s: float
     prompt_token_ids: list[int] | None = None
+
+
+class EngineClient(Protocol):
+    """What the warmer's parts need of an engine; `VllmEngineClient` is the real one."""
+
+    @property
+    def block_size(self) -> int: ...
+    def expected_cached_tokens(self, prompt_tokens: int) -> int: ...
+    async def health(self) -> bool: ...
+    async def kv_capacity_tokens(self) -> int | None: ...
+    async def warm(
+        self, payload: PrefixPayload, *, cache_salt: str, priority: int = WARM_PRIORITY
+    ) -> WarmResult: ...
 
 
 class VllmEngineClient:

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-import msgspec
 
 from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, request, running_planner
 from tests.integration.test_planner_plans import payload
@@ -25,8 +24,6 @@ from tests.integration.warmer_harness import (
     wait_for,
     warmer_settings,
 )
-from warmplane.services.planner.core.deploy_epochs import EpochState, Revisions
-from warmplane.services.planner.pg_fleet import PgFleetStore
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.services.warmer.service import Warmer
 from warmplane.shared.cache_salt import derive_cache_salt
@@ -287,48 +284,3 @@ async def test_the_cold_start_alarm_fires_once_records_itself_and_re_plans(
 
 async def _is(dsn: str, query: str, expected: object) -> bool:
     return await _value(dsn, query) == expected
-
-
-async def test_the_fleet_store_compares_and_sets_epochs_and_keeps_one_open_alarm_a_model(
-    migrated_database: str,
-) -> None:
-    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
-    try:
-        store = PgFleetStore(pool)
-        deployed = Revisions("rev-2", ("p1",))
-        assert await store.epoch_states(MODEL.name, "acme") == [EpochState("acme", 0, None)]
-        bump = EpochBumped(
-            event_id=new_event_id(), occurred_at=datetime.now(UTC), producer="planner", tenant="acme",
-            model=MODEL, epoch=1,
-        )  # fmt: skip
-        assert await store.record_bump(bump, deployed, 0)
-        assert not await store.record_bump(
-            msgspec.structs.replace(bump, event_id=new_event_id()), deployed, 0
-        )
-        assert await store.epoch_states(MODEL.name, "acme") == [EpochState("acme", 1, deployed)]
-        assert await store.unpublished_bumps(datetime.now(UTC) + timedelta(seconds=1)) == [bump]
-        await store.mark_bump_published(bump.event_id, datetime.now(UTC))
-        assert await store.unpublished_bumps(datetime.now(UTC) + timedelta(seconds=1)) == []
-
-        now = datetime.now(UTC)
-        window = (now - timedelta(minutes=5), now)
-        first = await store.open_alarm(MODEL.name, window=window, requests=50, cold_requests=40, at=now)
-        assert first is not None
-        assert (
-            await store.open_alarm(MODEL.name, window=window, requests=50, cold_requests=40, at=now) is None
-        )
-        assert await store.open_alarm("other", window=window, requests=5, cold_requests=5, at=now) is not None
-        await store.alarm_planned(first, 3)
-        assert await store.clear_alarm(MODEL.name, now)
-        assert not await store.clear_alarm(MODEL.name, now)
-        assert (
-            await store.open_alarm(MODEL.name, window=window, requests=9, cold_requests=9, at=now) is not None
-        )
-        rows = await pool.fetch(
-            "SELECT replicas_planned, cleared_at IS NULL FROM cold_start_alarms WHERE model = $1 "
-            "ORDER BY cleared_at NULLS LAST",
-            MODEL.name,
-        )
-        assert [tuple(row) for row in rows] == [(3, False), (0, True)]
-    finally:
-        await pool.close()

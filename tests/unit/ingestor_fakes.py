@@ -1,17 +1,24 @@
 """What an `Ingestor` talks to, faked for unit tests of its own logic: broker records, a consumer that owns
-every partition, a dead-letter sink that takes everything."""
+every partition, a dead-letter sink that takes everything, and the base of a fake store."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from warmplane.services.planner.ingestor import Offsets, Partition
+from prometheus_client import CollectorRegistry
+
+from warmplane.services.planner.core.ingest_batch import IngestBatch
+from warmplane.services.planner.core.node_cache import NodeCache
+from warmplane.services.planner.ingestor import Ingestor, IngestStore, Offsets, Partition
+from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.dead_letters import DeadLetter
 from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.events import ModelRef, RequestObserved
+from warmplane.shared.events import Event, ModelRef, RequestObserved
 
 
 @dataclass(frozen=True)
@@ -22,6 +29,21 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
+
+
+class StoreBase:
+    """The parts of an `IngestStore` a fake needs not change: no position stored, nothing refused. A fake
+    adds `write`."""
+
+    async def positions(
+        self, partitions: Sequence[Partition], window: int
+    ) -> Mapping[Partition, tuple[int, Sequence[uuid.UUID]]]:
+        return {}
+
+    async def rejected(
+        self, batch_of: Callable[[list[Event]], IngestBatch], events: list[Event]
+    ) -> list[int]:
+        return []
 
 
 class NoLetters:
@@ -54,3 +76,30 @@ def request_record(offset: int, chain: list[int]) -> Record:
         prompt_tokens=10 * len(chain) + 1,
     )
     return Record("t.requests", 0, offset, None, EventCodec().encode(event))
+
+
+def started_ingestor(
+    store: IngestStore,
+    *,
+    node_cache: NodeCache | None = None,
+    queue_depth: int = 2,
+    db_outage_s: float = 0.0,
+    on_failure: Callable[[], None] = lambda: None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Ingestor:
+    """An `Ingestor` over `store`, its writer started, with what the rest of the tests leave alone."""
+    ingestor = Ingestor(
+        codec=EventCodec(),
+        store=store,
+        dead_letters=NoLetters(),
+        metrics=PlannerMetrics(CollectorRegistry()),
+        node_cache=node_cache or NodeCache(),
+        max_payload_bytes=65_536,
+        window_per_partition=1_000,
+        queue_depth=queue_depth,
+        db_outage_s=db_outage_s,
+        on_failure=on_failure,
+        clock=clock,
+    )
+    ingestor.start()
+    return ingestor

@@ -36,7 +36,8 @@ class MemoryPlans:
         self.rows: dict[tuple[uuid.UUID, str], WarmPlanIssued] = {}
         self.asked: list[tuple[str, int]] = []
         self.fail = False
-        self.epochs: dict[str, int] = {}
+        self.epochs: dict[tuple[str, str], int] = {}
+        """(tenant, model) -> epoch."""
         self.live: list[LiveReplica] = []
         self.holding: dict[str, list[HeldItem]] = {}
         self.published: dict[uuid.UUID, datetime] = {}
@@ -60,7 +61,7 @@ class MemoryPlans:
         return {scope_id: (f"tenant-{scope_id}", "v1") for scope_id in scope_ids}
 
     async def current_epochs(self, model: str) -> dict[str, int]:
-        return dict(self.epochs)
+        return {tenant: epoch for (tenant, of), epoch in self.epochs.items() if of == model}
 
     async def live_replicas(self, model: str) -> list[LiveReplica]:
         return list(self.live)
@@ -97,24 +98,39 @@ class MemoryPlans:
 
 
 class MemoryFleet:
-    """Epochs shared with a `MemoryPlans` (its `epochs`), tenants known by `tenants`, alarms as rows."""
+    """Epochs shared with a `MemoryPlans` (its `epochs`), tenants with traffic for `model` given by
+    `tenants` (others by `traffic`), alarms as rows."""
 
-    def __init__(self, plans: MemoryPlans, tenants: Sequence[str]) -> None:
+    def __init__(self, plans: MemoryPlans, tenants: Sequence[str], model: str = MODEL.name) -> None:
         self.plans = plans
-        self.tenants = list(tenants)
-        self.deployed: dict[str, Revisions] = {}
+        self.seen: set[tuple[str, str]] = {(tenant, model) for tenant in tenants}
+        """(tenant, model) pairs with traffic."""
+        self.deployed: dict[tuple[str, str], Revisions] = {}
         self.bumps: dict[uuid.UUID, tuple[EpochBumped, datetime | None]] = {}
         self.alarms: list[dict[str, object]] = []
 
+    async def traffic(self, tenant: str, model: str) -> None:
+        self.seen.add((tenant, model))
+
     async def epoch_states(self, model: str, tenant: str) -> list[EpochState]:
-        tenants = [tenant] if tenant else sorted({*self.tenants, *self.plans.epochs})
-        return [EpochState(t, self.plans.epochs.get(t, 0), self.deployed.get(t)) for t in tenants]
+        if tenant:
+            tenants = [tenant]
+        else:
+            tenants = sorted(
+                {t for t, m in self.seen if m == model} | {t for t, m in self.plans.epochs if m == model}
+            )
+        return [
+            EpochState(t, self.plans.epochs.get((t, model), 0), self.deployed.get((t, model)))
+            for t in tenants
+        ]
 
     async def record_bump(self, bump: EpochBumped, deployed: Revisions, expected_epoch: int) -> bool:
-        if self.plans.epochs.get(bump.tenant, 0) != expected_epoch:
+        key = (bump.tenant, bump.model.name)
+        if self.plans.epochs.get(key, 0) != expected_epoch:
             return False
-        self.plans.epochs[bump.tenant] = bump.epoch
-        self.deployed[bump.tenant] = deployed
+        self.plans.epochs[key] = bump.epoch
+        self.deployed[key] = deployed
+        self.bumps = {i: (b, at) for i, (b, at) in self.bumps.items() if (b.tenant, b.model.name) != key}
         self.bumps[bump.event_id] = (bump, None)
         return True
 

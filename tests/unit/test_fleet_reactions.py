@@ -143,7 +143,7 @@ def test_a_deploy_bumps_every_tenant_once_publishes_the_bumps_and_plans_the_new_
     finished = deploy(DeployFinished, "w2", ["p1"])
     asyncio.run(reactor.after_commit(IngestBatch(fleet_changes=[started, finished, started])))
 
-    assert store.epochs == {"tenant-1": 1, "tenant-2": 1}
+    assert store.epochs == {("tenant-1", "m"): 1, ("tenant-2", "m"): 1}
     bumps: list[Event] = [e for e in published.events if isinstance(e, EpochBumped)]
     assert sorted((b.tenant, b.epoch, b.producer) for b in bumps) == [
         ("tenant-1", 1, "planner"),
@@ -166,7 +166,7 @@ def test_a_deploy_bumps_every_tenant_once_publishes_the_bumps_and_plans_the_new_
     asyncio.run(
         reactor.after_commit(IngestBatch(fleet_changes=[deploy(DeployStarted, "w2", ["p2"], "tenant-2")]))
     )
-    assert store.epochs == {"tenant-1": 1, "tenant-2": 2}
+    assert store.epochs == {("tenant-1", "m"): 1, ("tenant-2", "m"): 2}
 
 
 def test_a_bump_the_broker_did_not_take_is_published_by_catch_up() -> None:

@@ -9,18 +9,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry
-
-from tests.unit.ingestor_fakes import Consumer, NoLetters, Record, request_record
+from tests.unit.ingestor_fakes import Consumer, Record, StoreBase, request_record, started_ingestor
 from warmplane.services.planner.core.ingest_batch import IngestBatch
-from warmplane.services.planner.core.node_cache import NodeCache
-from warmplane.services.planner.ingestor import Ingestor, Partition
-from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_store import PartitionSlice
-from warmplane.shared.codec import EventCodec
 
 
-class BrokenStore:
+class BrokenStore(StoreBase):
     """A database whose first write hangs until `fail` is set, then fails."""
 
     def __init__(self) -> None:
@@ -34,9 +28,6 @@ class BrokenStore:
         await self.fail.wait()
         raise RuntimeError("the database went away")
 
-    async def positions(self, partitions: Sequence[Partition], window: int) -> dict[Partition, object]:
-        return {}
-
 
 def _records(first_offset: int, count: int) -> list[Record]:
     return [request_record(first_offset + i, [1, 2]) for i in range(count)]
@@ -45,18 +36,7 @@ def _records(first_offset: int, count: int) -> list[Record]:
 async def test_drain_and_flush_return_when_the_writer_has_died() -> None:
     store = BrokenStore()
     writer_died = asyncio.Event()
-    ingestor = Ingestor(
-        codec=EventCodec(),
-        store=store,  # type: ignore[arg-type]
-        dead_letters=NoLetters(),
-        metrics=PlannerMetrics(CollectorRegistry()),
-        node_cache=NodeCache(),
-        max_payload_bytes=65_536,
-        window_per_partition=1_000,
-        queue_depth=1,
-        on_failure=writer_died.set,
-    )
-    ingestor.start()
+    ingestor = started_ingestor(store, queue_depth=1, on_failure=writer_died.set)
     await ingestor.submit(_records(0, 3), Consumer())
     await asyncio.wait_for(store.writing.wait(), 5)
     await ingestor.submit(_records(3, 3), Consumer())  # the queue (depth 1) is now full

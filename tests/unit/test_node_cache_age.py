@@ -7,15 +7,11 @@ import asyncio
 from collections.abc import Sequence
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from tests.unit.ingestor_fakes import Consumer, NoLetters, request_record
+from tests.unit.ingestor_fakes import Consumer, StoreBase, request_record, started_ingestor
 from warmplane.services.planner.core.ingest_batch import IngestBatch, NodeKey
 from warmplane.services.planner.core.node_cache import NodeCache
-from warmplane.services.planner.ingestor import Ingestor, Partition
-from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_store import PartitionSlice
-from warmplane.shared.codec import EventCodec
 
 SCOPE = ("acme", "m", "")
 
@@ -67,15 +63,12 @@ def test_the_cache_refuses_an_age_bound_that_is_not_positive() -> None:
         NodeCache(max_age_s=0)
 
 
-class RecordingStore:
+class RecordingStore(StoreBase):
     def __init__(self) -> None:
         self.batches: list[IngestBatch] = []
 
     async def write(self, slices: Sequence[PartitionSlice], batch: IngestBatch) -> None:
         self.batches.append(batch)
-
-    async def positions(self, partitions: Sequence[Partition], window: int) -> dict[Partition, object]:
-        return {}
 
 
 @pytest.mark.parametrize(("waited_s", "anchor", "ids"), [(3600.0, 2, [3]), (3601.0, None, [1, 2, 3])])
@@ -84,17 +77,7 @@ async def test_the_writer_folds_a_batch_trusting_only_nodes_younger_than_the_bou
 ) -> None:
     clock = [1000.0]
     store = RecordingStore()
-    ingestor = Ingestor(
-        codec=EventCodec(),
-        store=store,  # type: ignore[arg-type]
-        dead_letters=NoLetters(),
-        metrics=PlannerMetrics(CollectorRegistry()),
-        node_cache=NodeCache(max_age_s=3600),
-        max_payload_bytes=65_536,
-        window_per_partition=1_000,
-        clock=lambda: clock[0],
-    )
-    ingestor.start()
+    ingestor = started_ingestor(store, node_cache=NodeCache(max_age_s=3600), clock=lambda: clock[0])
     try:
         await ingestor.submit([request_record(0, [1, 2])], Consumer())
         await asyncio.wait_for(ingestor.flush(), 5)

@@ -109,7 +109,7 @@ def test_started_replicas_get_one_plan_each_and_other_transitions_none() -> None
     store.catalogued = {(1, 5), (1, 8), (2, 6)}  # 8 was catalogued, its payload swept since
     store.live = [live("r", "starting")]
     published, metrics = Published(), PlannerMetrics(CollectorRegistry())
-    store.epochs = {"tenant-1": 4}
+    store.epochs = {("tenant-1", MODEL.name): 4}
     start = replica_event(ReplicaStarted, None)
     batch = IngestBatch(replica_events=[start, replica_event(ReplicaBecameReady, 4), start])
     run = issuer(store, published, metrics)
@@ -150,7 +150,7 @@ def test_a_plan_keeps_to_the_replicas_ring_share_and_a_fraction_of_its_kv_capaci
 def test_what_a_replica_holds_at_the_current_epoch_is_not_warmed_again() -> None:
     store = three_tenants()
     store.live = [live("r")]
-    store.epochs = {"tenant-1": 2}
+    store.epochs = {("tenant-1", MODEL.name): 2}
     published, metrics = Published(), PlannerMetrics(CollectorRegistry())
     run = issuer(store, published, metrics)
     store.holding = {"r": [HeldItem(5, "tenant-1", 2)]}

@@ -18,11 +18,17 @@ from warmplane.services.warmer.metrics import WarmerMetrics
 from warmplane.services.warmer.plan_run import SaltBook
 from warmplane.services.warmer.replica_driver import ReplicaDriver
 from warmplane.services.warmer.settings import EngineSettings, WarmSettings
-from warmplane.shared.events import Event
+from warmplane.services.warmer.vllm_client import WARM_PRIORITY, WarmFailed, WarmResult
+from warmplane.shared.events import Event, PrefixPayload
 
 
 class _SilentEngine:
-    """An engine that does not answer yet: every health check says so at once."""
+    """An engine that does not answer yet: every health check says so at once (and nothing warms)."""
+
+    block_size = 16
+
+    def expected_cached_tokens(self, prompt_tokens: int) -> int:
+        return 0
 
     async def health(self) -> bool:
         return False
@@ -30,13 +36,18 @@ class _SilentEngine:
     async def kv_capacity_tokens(self) -> int | None:
         return None
 
+    async def warm(
+        self, payload: PrefixPayload, *, cache_salt: str, priority: int = WARM_PRIORITY
+    ) -> WarmResult:
+        raise WarmFailed("not answering", retryable=True)
+
 
 async def test_a_cancel_that_meets_a_wake_up_still_stops_the_driver() -> None:
     published: list[Event] = []
     driver = ReplicaDriver(
         node="node-0",
         engine=EngineSettings(replica="replica-0", url="http://127.0.0.1:9", served_model="m"),
-        client=_SilentEngine(),  # type: ignore[arg-type]
+        client=_SilentEngine(),
         tracker=tracker(),
         salts=SaltBook({}),
         warm=WarmSettings(health_interval_s=60, progress_interval_s=60),

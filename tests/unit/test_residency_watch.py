@@ -12,7 +12,7 @@ from warmplane.services.warmer.core.kv_index import block_chain
 from warmplane.services.warmer.plan_run import SaltBook
 from warmplane.services.warmer.residency_watch import ResidencyWatch
 from warmplane.services.warmer.settings import EngineSettings, WarmSettings
-from warmplane.services.warmer.vllm_client import WarmFailed, WarmResult
+from warmplane.services.warmer.vllm_client import WARM_PRIORITY, WarmFailed, WarmResult
 from warmplane.shared.events import HeldPrefixes, PrefixPayload
 
 KEY = ("acme", "m", "", 0, 7)
@@ -24,12 +24,20 @@ class _RefusingEngine:
     def __init__(self) -> None:
         self.probes = 0
 
-    async def warm(self, payload: PrefixPayload, *, cache_salt: str, priority: int) -> WarmResult:
+    async def warm(
+        self, payload: PrefixPayload, *, cache_salt: str, priority: int = WARM_PRIORITY
+    ) -> WarmResult:
         self.probes += 1
         raise WarmFailed("POST /v1/completions: ConnectError", retryable=True)
 
     def expected_cached_tokens(self, prompt_tokens: int) -> int:
         return 4 * ((prompt_tokens - 1) // 4)
+
+    async def health(self) -> bool:
+        return True
+
+    async def kv_capacity_tokens(self) -> int | None:
+        return None
 
 
 async def test_a_failed_probe_is_not_retried_at_once() -> None:
@@ -40,7 +48,7 @@ async def test_a_failed_probe_is_not_retried_at_once() -> None:
             replica="r0", url="http://127.0.0.1:9", served_model="m", kv_events_endpoint="ipc:///tmp/none"
         ),
         warm=WarmSettings(),
-        client=engine,  # type: ignore[arg-type]
+        client=engine,
         salts=SaltBook({"acme": SecretStr("secret")}),
         report=lambda held, lost, complete: reports.append((held, lost, complete)),
         wake=lambda: None,
@@ -67,7 +75,7 @@ async def test_a_failed_subscription_doubts_the_index_and_is_tried_again() -> No
             replica="r0", url="http://127.0.0.1:9", served_model="m", kv_events_endpoint="tcp://no-port"
         ),
         warm=WarmSettings(),
-        client=_RefusingEngine(),  # type: ignore[arg-type]
+        client=_RefusingEngine(),
         salts=SaltBook({}),
         report=lambda held, lost, complete: None,
         wake=woken.set,
