@@ -146,7 +146,7 @@ async def running_gateways(kafka: KafkaSettings, count: int, replicas: int) -> A
         for i in range(count):
             settings = GatewaySettings(
                 kafka=kafka,
-                api_keys={TENANT: [SecretStr(KEY)]},
+                tenant_keys={TENANT: [SecretStr(KEY)]},
                 tenant_secrets={TENANT: SecretStr(SECRET)},
                 gateway=GatewayOptions(
                     http_host="127.0.0.1",

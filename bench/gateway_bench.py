@@ -66,7 +66,7 @@ def gateway_process(
     env = {
         **os.environ,
         "WARMPLANE_STATIC_REPLICAS": json.dumps([replica]),
-        "WARMPLANE_API_KEYS": json.dumps({"bench": [KEY]}),
+        "WARMPLANE_TENANT_KEYS": json.dumps({"bench": [KEY]}),
         "WARMPLANE_TENANT_SECRETS": json.dumps({"bench": "bench-salt-secret"}),
         "WARMPLANE_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
         "WARMPLANE_GATEWAY__HTTP_HOST": "127.0.0.1",

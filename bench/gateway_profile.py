@@ -100,7 +100,7 @@ class _CountingSink:
 
 def _app() -> Callable[[dict[str, Any], Any, Any], Awaitable[None]]:
     settings = GatewaySettings(
-        api_keys={"bench": [SecretStr(KEY)]}, tenant_secrets={"bench": SecretStr("bench-salt-secret")}
+        tenant_keys={"bench": [SecretStr(KEY)]}, tenant_secrets={"bench": SecretStr("bench-salt-secret")}
     )
     membership = static_membership([Replica("r0", "http://127.0.0.1:1", MODEL)])
     return bootstrap(settings, membership=membership, sink=_CountingSink(), client=_CannedUpstream()).app

@@ -7,8 +7,10 @@ Example: `WARMPLANE_KAFKA__BOOTSTRAP_SERVERS=kafka-0:9092`, `WARMPLANE_POSTGRES_
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Annotated, Literal, Self, TypeVar
+from collections.abc import Mapping
+from typing import Annotated, Final, Literal, Self, TypeVar
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -128,12 +130,30 @@ class DatabaseSettings(WarmplaneSettings):
     postgres: PostgresSettings = PostgresSettings()
 
 
+RENAMED: Final = {
+    "WARMPLANE_API_KEYS": "WARMPLANE_TENANT_KEYS",
+    "WARMPLANE_API_TOKENS": "WARMPLANE_API_CALLERS",
+    "WARMPLANE_API_TOKEN": "WARMPLANE_CLI_TOKEN",
+}
+"""Old name → new name. The old three differed by a letter and meant three things (the gateway's tenant keys,
+the API's callers, the CLI's own token); an old name set is refused, never silently ignored."""
+
+
 class SettingsError(SystemExit):
     """Raised at start-up for settings that do not validate; its text names each bad variable."""
 
 
+def refuse_renamed(environ: Mapping[str, str]) -> None:
+    """Fail naming the new name of every renamed variable `environ` still sets."""
+    lines = [f"  {old}: renamed {new}" for old, new in RENAMED.items() if old in environ]
+    if lines:
+        raise SettingsError("invalid settings:\n" + "\n".join(lines))
+
+
 def load_settings(cls: type[S]) -> S:
-    """Build `cls` from the environment, or fail fast naming every bad `WARMPLANE_...` variable."""
+    """Build `cls` from the environment, or fail fast naming every bad `WARMPLANE_...` variable (and every
+    renamed one still set)."""
+    refuse_renamed(os.environ)
     try:
         return cls()
     except PydanticSettingsError as exc:  # a nested setting given as malformed JSON

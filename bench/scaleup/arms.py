@@ -154,7 +154,7 @@ class WarmplaneArm:
         self._warmer(processes, first, node="node-0", warm=True)
         self._port = free_port()
         gateway = {
-            "WARMPLANE_API_KEYS": json.dumps({TENANT: [API_KEY]}),
+            "WARMPLANE_TENANT_KEYS": json.dumps({TENANT: [API_KEY]}),
             "WARMPLANE_GATEWAY__HTTP_HOST": "127.0.0.1",
             "WARMPLANE_GATEWAY__HTTP_PORT": str(self._port),
             "WARMPLANE_GATEWAY__METRICS_PORT": "0",

@@ -12,7 +12,7 @@ import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from warmplane.services.api.settings import ApiToken, Role
+from warmplane.services.api.settings import ApiCaller, Role
 
 
 class Unauthenticated(Exception):
@@ -66,7 +66,7 @@ class Principal:
 class TokenBook:
     """Looks a bearer token up in constant time per entry; keeps digests, not the tokens."""
 
-    def __init__(self, tokens: Iterable[ApiToken]) -> None:
+    def __init__(self, tokens: Iterable[ApiCaller]) -> None:
         self._entries = [
             (_digest(t.token.get_secret_value()), Principal(t.name, t.role, t.tenant)) for t in tokens
         ]

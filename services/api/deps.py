@@ -55,7 +55,7 @@ def api_deps(request: Request) -> ApiDeps:
 def principal(
     request: Request,
     authorization: Annotated[
-        str | None, Header(description="Bearer <token> (WARMPLANE_API_TOKENS)", include_in_schema=False)
+        str | None, Header(description="Bearer <token> (WARMPLANE_API_CALLERS)", include_in_schema=False)
     ] = None,
 ) -> Principal:
     """The caller, from `Authorization: Bearer <token>`; 401 without a known token."""

@@ -53,7 +53,7 @@ async def api_deps(settings: ApiSettings, metrics: ApiMetrics | None = None) -> 
         yield ApiDeps(
             read=PgReadModel(pool),
             events=publisher,
-            tokens=TokenBook(settings.api_tokens),
+            tokens=TokenBook(settings.api_callers),
             options=settings.api,
             metrics=metrics or ApiMetrics(),
             clock=time.time,
@@ -96,8 +96,10 @@ async def _refresh_forever(deps: ApiDeps) -> None:
 
 async def serve(settings: ApiSettings) -> None:
     """Serve until cancelled (SIGTERM/SIGINT stop uvicorn gracefully)."""
-    if not settings.api_tokens:
-        log.warning("WARMPLANE_API_TOKENS is empty: every endpoint but /status, /healthz and /readyz refuses")
+    if not settings.api_callers:
+        log.warning(
+            "WARMPLANE_API_CALLERS is empty: every endpoint but /status, /healthz and /readyz refuses"
+        )
     options = settings.api
     async with api_deps(settings) as deps:
         refresher = asyncio.create_task(_refresh_forever(deps), name="api-health-refresh")

@@ -1,7 +1,7 @@
-"""The API's settings: `WARMPLANE_API_TOKENS` and `WARMPLANE_API__*` on top of the shared parts.
+"""The API's settings: `WARMPLANE_API_CALLERS` and `WARMPLANE_API__*` on top of the shared parts.
 
 Example:
-    WARMPLANE_API_TOKENS='[{"name": "ci", "token": "...", "role": "admin"},
+    WARMPLANE_API_CALLERS='[{"name": "ci", "token": "...", "role": "admin"},
                            {"name": "grafana", "token": "...", "role": "reader"},
                            {"name": "acme-oncall", "token": "...", "role": "tenant", "tenant": "acme"}]'
     WARMPLANE_API__HTTP_PORT=8070
@@ -25,7 +25,7 @@ Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")
 Role = Literal["admin", "reader", "tenant"]
 
 
-class ApiToken(BaseModel):
+class ApiCaller(BaseModel):
     """One bearer token: who holds it (`name`, for the logs), what it may do, and for `tenant`, which one."""
 
     name: Name
@@ -76,13 +76,13 @@ class ApiOptions(BaseModel):
 
 class ApiSettings(DatabaseSettings):
     api: ApiOptions = ApiOptions()
-    api_tokens: list[ApiToken] = Field(default_factory=list)
+    api_callers: list[ApiCaller] = Field(default_factory=list)
     """JSON list of `{"name", "token", "role"[, "tenant"]}`; roles `admin` (all, and actions), `reader` (every
     tenant, no payloads), `tenant` (that tenant only); tokens are secrets, at least 16 characters."""
 
-    @field_validator("api_tokens")
+    @field_validator("api_callers")
     @classmethod
-    def _distinct(cls, tokens: list[ApiToken]) -> list[ApiToken]:
+    def _distinct(cls, tokens: list[ApiCaller]) -> list[ApiCaller]:
         secrets = [t.token.get_secret_value() for t in tokens]
         if len(set(secrets)) != len(secrets):
             raise ValueError("two entries share a token")

@@ -1,7 +1,7 @@
 """The CLI's side of the API: where it is, who calls, and one error type for every refusal.
 
 Settings come from the environment: `WARMPLANE_API_URL` (default http://127.0.0.1:8070) and
-`WARMPLANE_API_TOKEN` (a secret: never printed, never taken from the command line where `ps` and shell
+`WARMPLANE_CLI_TOKEN` (a secret: never printed, never taken from the command line where `ps` and shell
 history would keep it).
 """
 
@@ -19,8 +19,8 @@ class ApiClientSettings(BaseSettings):
 
     api_url: str = Field("http://127.0.0.1:8070", pattern=r"^https?://[^\s]+$")
     """The API the CLI's commands talk to."""
-    api_token: SecretStr = SecretStr("")
-    """A bearer token of the API (`WARMPLANE_API_TOKENS` lists them); a secret."""
+    cli_token: SecretStr = SecretStr("")
+    """A bearer token of the API (`WARMPLANE_API_CALLERS` lists them); a secret."""
     api_timeout_s: float = Field(10.0, gt=0)
     """Longest wait for one API answer."""
 
@@ -31,7 +31,7 @@ class ApiError(Exception):
 
 class ApiClient:
     def __init__(self, settings: ApiClientSettings, transport: httpx.BaseTransport | None = None) -> None:
-        token = settings.api_token.get_secret_value()
+        token = settings.cli_token.get_secret_value()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(
             base_url=settings.api_url, headers=headers, timeout=settings.api_timeout_s, transport=transport
@@ -57,7 +57,7 @@ class ApiClient:
             message = response.json()["error"]
         except (ValueError, KeyError, TypeError):
             message = response.text[:200]
-        hint = " (set WARMPLANE_API_TOKEN)" if response.status_code == 401 else ""
+        hint = " (set WARMPLANE_CLI_TOKEN)" if response.status_code == 401 else ""
         raise ApiError(f"{method} {path}: {response.status_code} {message}{hint}")
 
 

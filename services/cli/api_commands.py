@@ -28,7 +28,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[
 
 def _command(commands: argparse._SubParsersAction, name: str, text: str) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     parser: argparse.ArgumentParser = commands.add_parser(
-        name, help=text, description=text + " (WARMPLANE_API_URL, WARMPLANE_API_TOKEN)"
+        name, help=text, description=text + " (WARMPLANE_API_URL, WARMPLANE_CLI_TOKEN)"
     )
     parser.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
     return parser

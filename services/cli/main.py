@@ -1,9 +1,9 @@
 """`warmplane`: the command line.
 
-warmplane up [--trace FILE] [--limit N] [--keep-running]   the main job on embedded defaults (no
-                                          settings needed): the whole product, a real small model, a
-                                          scale-up and its proof; SIGINT or SIGTERM stops all it
-                                          started, exit 130 or 143
+warmplane up [--trace FILE] [--limit N] [--keep-running] [--credentials FILE]   the main job on
+                                          embedded defaults (no settings needed): the whole product, a
+                                          real small model, a scale-up and its proof; SIGINT or SIGTERM
+                                          stops all it started, exit 130 or 143
 warmplane migrate                         migrate WARMPLANE_POSTGRES__URL to the newest schema
 warmplane planner                         run the planner from WARMPLANE_* settings
 warmplane warmer                          run one node's warmer from WARMPLANE_* settings
@@ -12,7 +12,7 @@ warmplane api                             run the query API from WARMPLANE_* set
 warmplane replay TRACE --tenant T --model M   publish a recorded trace as request events
 warmplane evaluate-traffic --tenant T --model M [--since 2h]   what warming would buy on recorded traffic
 
-Over the API (WARMPLANE_API_URL, WARMPLANE_API_TOKEN; `--json` for scripts):
+Over the API (WARMPLANE_API_URL, WARMPLANE_CLI_TOKEN; `--json` for scripts):
 warmplane replicas | replica R | plans | epochs | misses | traffic | warm-sets --model M
 warmplane bump-epoch --tenant T --model M | deploy started|finished --model M
 warmplane scale --model M --to N [--from N]
@@ -59,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-running",
         action="store_true",
         help="keep everything running until Ctrl-C or SIGTERM (exit code 130 or 143: 128 + the signal)",
+    )
+    up.add_argument(
+        "--credentials",
+        type=Path,
+        default=None,
+        help="a JSON file pinning any of admin_token, api_key, tenant_secret, event_key (default: generated)",
     )
     up.add_argument("--verbose", action="store_true", help="log what the services do")
     commands.add_parser("migrate", help="migrate WARMPLANE_POSTGRES__URL to the newest schema")
@@ -189,15 +195,24 @@ def _up(args: argparse.Namespace) -> int:
         UpOptions,
         run_up,
     )
+    from warmplane.services.devstack.product import Credentials, InvalidCredentials  # noqa: PLC0415
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request (the warmer's health checks)
     if not args.verbose:
         for name in ("faststream", "faststream.access.kafka"):
             logging.getLogger(name).setLevel(logging.WARNING)
         # aiokafka logs a fetch the busy embedded broker did not answer in time at ERROR, and then
         # retries it; --verbose shows those.
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    options = UpOptions(args.trace or DEFAULT_TRACE, args.limit, args.workdir, args.keep_running)
+    try:
+        credentials = Credentials.read(args.credentials) if args.credentials else None
+    except InvalidCredentials as exc:
+        print(f"warmplane up: {exc}", file=sys.stderr)
+        return 2
+    options = UpOptions(
+        args.trace or DEFAULT_TRACE, args.limit, args.workdir, args.keep_running, credentials=credentials
+    )
     try:
         received = asyncio.run(run_until_signalled(run_up(options, sys.stdout), sys.stdout))
     except (FileNotFoundError, TraceTooShort) as exc:

@@ -71,6 +71,7 @@ class Fleet:
         kafka: KafkaSettings,
         tenant: str,
         secret: SecretStr,
+        event_key: SecretStr,
     ) -> None:
         self._workdir = workdir
         self.model = model
@@ -84,6 +85,7 @@ class Fleet:
                 kafka=kafka,
                 node=NODE,
                 tenant_secrets={tenant: secret},
+                event_keys=[event_key],
                 warm=WarmSettings(health_interval_s=0.5, progress_interval_s=0.5),
                 readiness=ReadinessSettings(plan_wait_s=60),
                 http_host="127.0.0.1",

@@ -31,6 +31,7 @@ from typing import TextIO
 
 import asyncpg
 import httpx
+from pydantic import SecretStr
 
 from warmplane.services.devstack import proof
 from warmplane.services.devstack.autoscaler import DevAutoscaler
@@ -115,6 +116,8 @@ class UpOptions:
     workdir: Path | None
     keep_running: bool
     top: int = 10
+    credentials: Credentials | None = None
+    """What `--credentials FILE` pins; None: all generated."""
 
 
 async def run_up(options: UpOptions, out: TextIO) -> None:
@@ -150,9 +153,9 @@ async def run_up(options: UpOptions, out: TextIO) -> None:
         )
         postgres = PostgresSettings(url=stack.postgres.asyncpg_dsn)
         tune_for_batches()
-        planner = build_planner(_planner_settings(kafka, postgres))
+        credentials = options.credentials or Credentials()
+        planner = build_planner(_planner_settings(kafka, postgres, credentials.event_key))
         task = asyncio.create_task(planner.serve(), name="planner")
-        credentials = Credentials(TENANT)
         routing = RoutingSettings(depth=ROUTING_DEPTH)
         try:
             async with (
@@ -163,9 +166,10 @@ async def run_up(options: UpOptions, out: TextIO) -> None:
                     kafka=kafka,
                     tenant=TENANT,
                     secret=credentials.tenant_secret,
+                    event_key=credentials.event_key,
                 ) as fleet,
                 DevAutoscaler(fleet, kafka) as autoscaler,
-                Product(credentials, kafka, postgres, routing) as product,
+                Product(credentials, TENANT, kafka, postgres, routing) as product,
             ):
                 run = _Run(history, words, fleet, autoscaler, product, planner, kafka, routing, out)
                 await _learn(run)
@@ -184,10 +188,13 @@ async def run_up(options: UpOptions, out: TextIO) -> None:
                 await task
 
 
-def _planner_settings(kafka: KafkaSettings, postgres: PostgresSettings) -> PlannerSettings:
+def _planner_settings(
+    kafka: KafkaSettings, postgres: PostgresSettings, event_key: SecretStr
+) -> PlannerSettings:
     return PlannerSettings(
         kafka=kafka,
         postgres=postgres,
+        event_keys=[event_key],
         ingest=IngestSettings(),
         plans=PlanSettings(
             window_hours=PLAN_WINDOW_MINUTES / 60,

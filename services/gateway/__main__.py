@@ -27,7 +27,7 @@ async def _run(settings: GatewaySettings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     async with Gateway(settings) as gateway:
-        tenants = len(settings.api_keys)
+        tenants = len(settings.tenant_keys)
         log.info("gateway %s on port %d: %d tenants", settings.gateway.instance, gateway.port, tenants)
         await stop.wait()
 

@@ -88,7 +88,7 @@ def bootstrap(
         clock=clock,
     )
     proxy = Proxy(
-        tenants=TenantDirectory(settings.api_keys),
+        tenants=TenantDirectory(settings.tenant_keys),
         salts=SaltBook(settings.tenant_secrets),
         epochs=epochs,
         router=router,

@@ -1,9 +1,9 @@
-"""The gateway's settings: `WARMPLANE_API_KEYS`, `WARMPLANE_TENANT_SECRETS`, `WARMPLANE_GATEWAY__*`,
+"""The gateway's settings: `WARMPLANE_TENANT_KEYS`, `WARMPLANE_TENANT_SECRETS`, `WARMPLANE_GATEWAY__*`,
 `WARMPLANE_EMITTER__*`, `WARMPLANE_RESULT_CACHE__*` and `WARMPLANE_STATIC_REPLICAS` on top of the
 shared parts.
 
 Example:
-    WARMPLANE_API_KEYS='{"acme": ["sk-acme-1"], "globex": ["sk-globex-1"]}'
+    WARMPLANE_TENANT_KEYS='{"acme": ["sk-acme-1"], "globex": ["sk-globex-1"]}'
     WARMPLANE_TENANT_SECRETS='{"acme": "...", "globex": "..."}'   # the warmer's, so salts agree
     WARMPLANE_GATEWAY__BLOCK_SIZE=16
 """
@@ -125,7 +125,7 @@ class ResultCacheSettings(BaseModel):
 
 
 class GatewaySettings(DatabaseSettings):
-    api_keys: dict[str, list[SecretStr]] = Field(default_factory=dict)
+    tenant_keys: dict[str, list[SecretStr]] = Field(default_factory=dict)
     """Each tenant's API keys (secrets: never logged)."""
     tenant_secrets: dict[str, SecretStr] = Field(default_factory=dict)
     """Each tenant's cache-salt secret, shared with the warmer."""
@@ -140,11 +140,11 @@ class GatewaySettings(DatabaseSettings):
     """Events linger up to 50 ms for companions (the emitter's default is 5): at tens of requests a
     second that is one produce request per several requests, not one each, on the serving loop."""
 
-    @field_validator("api_keys")
+    @field_validator("tenant_keys")
     @classmethod
-    def _usable_keys(cls, api_keys: dict[str, list[SecretStr]]) -> dict[str, list[SecretStr]]:
+    def _usable_keys(cls, tenant_keys: dict[str, list[SecretStr]]) -> dict[str, list[SecretStr]]:
         seen: set[str] = set()
-        for tenant, keys in api_keys.items():
+        for tenant, keys in tenant_keys.items():
             for key in keys:
                 value = key.get_secret_value()
                 if len(value) < MIN_KEY_CHARS:
@@ -152,11 +152,11 @@ class GatewaySettings(DatabaseSettings):
                 if value in seen:
                     raise ValueError("API keys must belong to one tenant each")
                 seen.add(value)
-        return api_keys
+        return tenant_keys
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        missing = sorted(set(self.api_keys) - set(self.tenant_secrets))
+        missing = sorted(set(self.tenant_keys) - set(self.tenant_secrets))
         if missing:
             raise ValueError(f"tenants with API keys but no cache-salt secret: {missing}")
         empty = sorted(t for t, s in self.tenant_secrets.items() if not s.get_secret_value())

@@ -21,11 +21,11 @@ def _digest(key: str) -> bytes:
 
 
 class TenantDirectory:
-    """API key → tenant. `api_keys` maps each tenant to its keys; a key may belong to one tenant only."""
+    """API key → tenant. `tenant_keys` maps each tenant to its keys; a key may belong to one tenant only."""
 
-    def __init__(self, api_keys: Mapping[str, Sequence[SecretStr]]) -> None:
+    def __init__(self, tenant_keys: Mapping[str, Sequence[SecretStr]]) -> None:
         self._tenants: dict[bytes, str] = {}
-        for tenant, keys in api_keys.items():
+        for tenant, keys in tenant_keys.items():
             for key in keys:
                 self._tenants[_digest(key.get_secret_value())] = tenant
 

@@ -11,7 +11,7 @@ from pydantic import SecretStr
 from warmplane.services.api.app import build_app
 from warmplane.services.api.deps import ApiDeps
 from warmplane.services.api.service import api_deps
-from warmplane.services.api.settings import ApiOptions, ApiSettings, ApiToken
+from warmplane.services.api.settings import ApiCaller, ApiOptions, ApiSettings
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.asgi_server import AsgiServer
 from warmplane.shared.metrics_http import metrics_app
@@ -25,13 +25,13 @@ GLOBEX = "globex-token-0123456789"
 def api_settings(planner: PlannerSettings) -> ApiSettings:
     """API settings over the planner's broker, topics and database, with one token of each kind."""
     tokens = [
-        ApiToken(name="ci", token=SecretStr(ADMIN), role="admin"),
-        ApiToken(name="grafana", token=SecretStr(READER), role="reader"),
-        ApiToken(name="acme-oncall", token=SecretStr(ACME), role="tenant", tenant="acme"),
-        ApiToken(name="globex-oncall", token=SecretStr(GLOBEX), role="tenant", tenant="globex"),
+        ApiCaller(name="ci", token=SecretStr(ADMIN), role="admin"),
+        ApiCaller(name="grafana", token=SecretStr(READER), role="reader"),
+        ApiCaller(name="acme-oncall", token=SecretStr(ACME), role="tenant", tenant="acme"),
+        ApiCaller(name="globex-oncall", token=SecretStr(GLOBEX), role="tenant", tenant="globex"),
     ]
     options = ApiOptions(http_host="127.0.0.1", http_port=0, bucket_seconds=planner.ingest.bucket_seconds)
-    return ApiSettings(kafka=planner.kafka, postgres=planner.postgres, api=options, api_tokens=tokens)
+    return ApiSettings(kafka=planner.kafka, postgres=planner.postgres, api=options, api_callers=tokens)
 
 
 @dataclass

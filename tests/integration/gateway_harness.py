@@ -44,7 +44,7 @@ def gateway_settings(kafka: KafkaSettings, run: str) -> tuple[GatewaySettings, d
     keys = {tenant: f"sk-{tenant}-key-{run}" for tenant in TENANTS}
     settings = GatewaySettings(
         kafka=kafka,
-        api_keys={tenant: [SecretStr(key)] for tenant, key in keys.items()},
+        tenant_keys={tenant: [SecretStr(key)] for tenant, key in keys.items()},
         tenant_secrets={tenant: SecretStr(f"salt-{tenant}-{run}") for tenant in TENANTS},
         gateway=GatewayOptions(
             http_host="127.0.0.1",

@@ -535,7 +535,7 @@ async def test_the_status_page_shows_replicas_warm_sets_and_health_in_headlessch
 
 async def _cli(world: World, token: str, *args: str) -> tuple[int, str]:
     """Run `warmplane ARGS` as a process against the API, the token in its environment."""
-    return await run_warmplane({"WARMPLANE_API_URL": world.api.url, "WARMPLANE_API_TOKEN": token}, *args)
+    return await run_warmplane({"WARMPLANE_API_URL": world.api.url, "WARMPLANE_CLI_TOKEN": token}, *args)
 
 
 async def test_the_cli_prints_tables_and_json_acts_and_refuses_with_the_apis_reason(world: World) -> None:
@@ -568,7 +568,7 @@ async def test_the_cli_prints_tables_and_json_acts_and_refuses_with_the_apis_rea
     code, refused = await _cli(world, READER, "scale", "--model", MODEL.name, "--from", "1", "--to", "2")
     assert code == 1 and "403 this action needs an admin token" in refused
     code, unauthenticated = await _cli(world, "", "replicas")
-    assert code == 1 and "401" in unauthenticated and "WARMPLANE_API_TOKEN" in unauthenticated
+    assert code == 1 and "401" in unauthenticated and "WARMPLANE_CLI_TOKEN" in unauthenticated
 
 
 async def test_wait_ready_follows_a_replica_until_it_turns_ready(world: World) -> None:

@@ -116,7 +116,7 @@ async def test_a_replicas_residency_is_its_report_on_its_current_start_in_the_ca
 
     # `warmplane replica r-1` (run in-process, an acme token in its environment) shows the line in scope.
     monkeypatch.setenv("WARMPLANE_API_URL", running.url)
-    monkeypatch.setenv("WARMPLANE_API_TOKEN", ACME)
+    monkeypatch.setenv("WARMPLANE_CLI_TOKEN", ACME)
     assert await asyncio.to_thread(main, ["replica", "r-1"]) == 0
     [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("residency")]
     assert line.endswith(": 4 held, incomplete: more may be held; acme@0: 1, acme/v1@2: 3"), line

@@ -8,6 +8,11 @@ gateway, the CLI with the printed environment lists both replicas ready, the sta
 Chromium shows them with the warmed one's verified prefixes, `warmplane scale --to 3` makes the stack
 start a third, and SIGINT, as Ctrl-C sends it, stops everything it started.
 
+The job runs with distinctive credentials pinned (`--credentials`) and every service logging (`--verbose`):
+no secret may appear in any log line, in any file the parts wrote, or in any HTTP answer of the gateway, the
+API or the warmer; the API key and the admin token appear only where the job prints them for the user to
+paste (issue 21).
+
 The copy proves the project stands alone: its trace, its models' build scripts and its migrations come
 from inside it (package data), not from a folder next to the checkout. Only the vLLM virtualenv is shared
 (`WARMPLANE_VLLM_VENV`), and the built models are linked in: `make vllm` would build the same ones from the
@@ -25,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +44,24 @@ RUN_TIMEOUT_S = 1500
 STOP_DEADLINE_S = 45
 MODEL = "smollm2"
 STATUS_VERIFIED_COLUMN = 7
+CREDENTIALS = ("admin_token", "api_key", "tenant_secret", "event_key")
+PRINTED = ("  curl -s ", "the status page: ", "  export WARMPLANE_API_URL=")
+"""The lines that show the user the API key and the admin token, and the only ones that may."""
+API_READS = (
+    "/status",
+    "/openapi.json",
+    "/healthz",
+    "/readyz",
+    "/v1/models",
+    "/v1/replicas",
+    "/v1/replicas/replica-1",
+    "/v1/plans",
+    "/v1/epochs",
+    f"/v1/epochs/history?tenant=demo&model={MODEL}",
+    f"/v1/misses/top?model={MODEL}",
+    f"/v1/traffic?model={MODEL}",
+    f"/v1/warm-sets?model={MODEL}",
+)
 """The status page's replica table: replica, model, node, state, since, plan, items done, verified, ..."""
 
 
@@ -77,8 +101,17 @@ def clone(tmp_path: Path, pytestconfig: pytest.Config) -> Path:
 
 
 @pytest.fixture
-def job(clone: Path, tmp_path: Path) -> Iterator[UpJob]:
-    job = UpJob(clone, tmp_path / "stderr.txt", ["--limit", "2000", "--keep-running"], _env(clone))
+def secrets() -> dict[str, str]:
+    """Credentials no generator would produce, each findable anywhere it leaks to."""
+    return {name: f"canary-{name}-{uuid.uuid4().hex}" for name in CREDENTIALS}
+
+
+@pytest.fixture
+def job(clone: Path, tmp_path: Path, secrets: dict[str, str]) -> Iterator[UpJob]:
+    credentials = tmp_path / "credentials.json"
+    credentials.write_text(json.dumps(secrets))
+    args = ["--limit", "2000", "--keep-running", "--verbose", "--credentials", str(credentials)]
+    job = UpJob(clone, tmp_path / "stderr.txt", [*args, "--workdir", str(tmp_path / "work")], _env(clone))
     try:
         yield job
     finally:
@@ -99,8 +132,33 @@ def _cli(env: dict[str, str], clone: Path, *args: str) -> str:
     return run.stdout
 
 
+def _answers(gateway: str, key: str, api: str, token: str, *, metrics: str, warmer: str) -> list[str]:
+    """The bodies and headers of every read endpoint of the gateway, the API (with the admin token, and
+    refused without it) and the warmer."""
+    bearer = {"Authorization": f"Bearer {token}"}
+    gets = [
+        (f"{gateway}/v1/models", {"Authorization": f"Bearer {key}"}),
+        (f"{gateway}/v1/models", {"Authorization": "Bearer not-a-key-0123456789"}),
+        (f"{gateway}/healthz", {}),
+        (f"{metrics}/metrics", {}),
+        *((f"{api}{path}", bearer) for path in API_READS),
+        (f"{api}/v1/replicas", {"Authorization": "Bearer not-a-token-0123456789"}),
+        *((f"{warmer}{path}", {}) for path in ("/status", "/metrics", "/ready")),
+    ]
+    with httpx.Client(timeout=30) as http:
+        plans = http.get(f"{api}/v1/plans", headers=bearer).json()
+        assert plans, "the job issued plans"
+        gets.append((f"{api}/v1/plans/{plans[0]['plan_id']}", bearer))
+        answers = []
+        for url, headers in gets:
+            answer = http.get(url, headers=headers)
+            assert answer.status_code < 500, (url, answer.status_code)
+            answers += [answer.text, str(answer.headers)]
+    return answers
+
+
 def test_the_main_job_runs_from_a_copy_and_leaves_the_whole_product_up_until_ctrl_c(
-    clone: Path, job: UpJob
+    clone: Path, job: UpJob, secrets: dict[str, str], tmp_path: Path
 ) -> None:
     where = subprocess.run(
         [sys.executable, "-c", "import warmplane.shared.traces as t; print(t.trace_path())"],
@@ -148,7 +206,7 @@ def test_the_main_job_runs_from_a_copy_and_leaves_the_whole_product_up_until_ctr
     assert answer.headers["x-warmplane-replica"] in {"replica-0", "replica-1"}
 
     # The CLI, with the environment it printed.
-    exported = job.wait_for(r"export (WARMPLANE_API_URL=\S+ WARMPLANE_API_TOKEN=\S+)", 1).group(1)
+    exported = job.wait_for(r"export (WARMPLANE_API_URL=\S+ WARMPLANE_CLI_TOKEN=\S+)", 1).group(1)
     env = _env(clone) | dict(pair.split("=", 1) for pair in shlex.split(exported))
     replicas = {r["replica"]: r for r in json.loads(_cli(env, clone, "replicas", "--json"))}
     assert {name: r["state"] for name, r in replicas.items()} == {"replica-0": "ready", "replica-1": "ready"}
@@ -169,6 +227,14 @@ def test_the_main_job_runs_from_a_copy_and_leaves_the_whole_product_up_until_ctr
     asyncio.run(chromium(f"--screenshot={shot}", page))
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    # Every HTTP answer a user or a scraper can get, the CLI's too, read for secrets after the job ends.
+    answers = [answer.text, str(answer.headers), dom, json.dumps(replicas)]
+    metrics = job.wait_for(r"the gateway's metrics \(Prometheus\): (http://\S+)", 1).group(1)
+    warmer = job.wait_for(r"warmer status at (http://\S+)/status", 1).group(1)
+    answers += _answers(
+        gateway, key, env["WARMPLANE_API_URL"], env["WARMPLANE_CLI_TOKEN"], metrics=metrics, warmer=warmer
+    )
+
     # A scale-up a person asks for: the stack starts a third replica.
     _cli(env, clone, "scale", "--model", MODEL, "--to", "3")
     job.wait_for("replica-2 scheduled by a fleet.scaled", 60)
@@ -178,3 +244,18 @@ def test_the_main_job_runs_from_a_copy_and_leaves_the_whole_product_up_until_ctr
     job.proc.send_signal(signal.SIGINT)
     assert job.exits_within(STOP_DEADLINE_S) == 128 + signal.SIGINT, job.output()
     assert alive(started) == [], job.output()
+
+    # No secret anywhere but where the job shows it to its user.
+    shown = [line for line in job.stdout().splitlines() if line.startswith(PRINTED)]
+    assert len(shown) == 3 and secrets["api_key"] in shown[0], shown
+    assert all(secrets["admin_token"] in line for line in shown[1:]), shown
+    logs = (tmp_path / "stderr.txt").read_text(errors="replace")
+    assert "INFO" in logs, "the services logged (--verbose)"
+    rest = [line for line in job.stdout().splitlines() if not line.startswith(PRINTED)]
+    written = {path: path.read_bytes() for path in (tmp_path / "work").rglob("*") if path.is_file()}
+    assert any(path.suffix == ".log" for path in written), sorted(written)[:20]
+    for name, secret in secrets.items():
+        assert secret not in logs, f"{name} in a log line"
+        assert not [line for line in rest if secret in line], f"{name} printed where it is not shown"
+        assert not [path for path, data in written.items() if secret.encode() in data], f"{name} in a file"
+        assert not [text for text in answers if secret in text], f"{name} in an HTTP answer"

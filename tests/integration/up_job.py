@@ -124,6 +124,9 @@ class UpJob:
     def printed(self, pattern: str) -> re.Match[str] | None:
         return next((m for line in list(self._lines) if (m := re.search(pattern, line))), None)
 
+    def stdout(self) -> str:
+        return "".join(self._lines)
+
     def output(self) -> str:
         return "".join(self._lines) + "--- stderr ---\n" + self._stderr.read_text(errors="replace")[-4000:]
 

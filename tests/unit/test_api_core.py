@@ -11,13 +11,13 @@ from pydantic import SecretStr
 
 from warmplane.services.api import figures
 from warmplane.services.api.auth import Forbidden, Principal, TokenBook, Unauthenticated
-from warmplane.services.api.settings import ApiSettings, ApiToken
+from warmplane.services.api.settings import ApiCaller, ApiSettings
 from warmplane.services.cli.replica_text import REPLICA_COLUMNS, replica_row, residency_line
 from warmplane.services.cli.tables import render
 from warmplane.shared.settings import SettingsError, load_settings
 
-ADMIN = ApiToken(name="ci", token=SecretStr("admin-token-0123456789"), role="admin")
-ACME = ApiToken(name="acme", token=SecretStr("acme-token-0123456789"), role="tenant", tenant="acme")
+ADMIN = ApiCaller(name="ci", token=SecretStr("admin-token-0123456789"), role="admin")
+ACME = ApiCaller(name="acme", token=SecretStr("acme-token-0123456789"), role="tenant", tenant="acme")
 
 
 def test_a_token_is_found_by_its_bearer_header_and_anything_else_is_refused() -> None:
@@ -77,8 +77,8 @@ def test_readers_see_every_tenant_but_no_payloads_and_admins_see_all() -> None:
 def test_bad_token_settings_fail_at_start_naming_the_setting(
     monkeypatch: pytest.MonkeyPatch, tokens: str, message: str
 ) -> None:
-    monkeypatch.setenv("WARMPLANE_API_TOKENS", tokens)
-    with pytest.raises(SettingsError, match="WARMPLANE_API_TOKENS") as failed:
+    monkeypatch.setenv("WARMPLANE_API_CALLERS", tokens)
+    with pytest.raises(SettingsError, match="WARMPLANE_API_CALLERS") as failed:
         load_settings(ApiSettings)
     assert message in str(failed.value) and "0123456789abcdefg" not in str(failed.value)
 

@@ -88,7 +88,7 @@ def test_the_compose_warmer_is_valid_warmer_settings_for_its_engine(monkeypatch:
 
 def test_the_compose_gateway_is_valid_gateway_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     given = {
-        "WARMPLANE_API_KEYS": '{"acme": ["acme-key-0123456789"]}',
+        "WARMPLANE_TENANT_KEYS": '{"acme": ["acme-key-0123456789"]}',
         "WARMPLANE_TENANT_SECRETS": '{"acme": "tenant-secret"}',
         "WARMPLANE_EVENT_KEYS": EVENT_KEYS,
     }
@@ -271,11 +271,11 @@ def test_the_compose_api_is_valid_api_settings(monkeypatch: pytest.MonkeyPatch) 
     service = _compose()["services"]["api"]
     tokens = '[{"name": "ci", "token": "a-token-of-16-chars", "role": "admin"}]'
     for key, raw in service["environment"].items():
-        value = tokens if key == "WARMPLANE_API_TOKENS" else str(raw)
+        value = tokens if key == "WARMPLANE_API_CALLERS" else str(raw)
         monkeypatch.setenv(key, value.replace("${WARMPLANE_POSTGRES_PASSWORD}", "secret"))
     monkeypatch.setenv("WARMPLANE_EVENT_KEYS", EVENT_KEYS)
     settings = load_settings(ApiSettings)
-    assert [t.role for t in settings.api_tokens] == ["admin"] and "a-token-of-16-chars" not in repr(settings)
+    assert [t.role for t in settings.api_callers] == ["admin"] and "a-token-of-16-chars" not in repr(settings)
     assert f"{settings.api.http_port}:{settings.api.http_port}" in service["ports"]
     assert "/readyz" in " ".join(service["healthcheck"]["test"])
     assert service["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
@@ -297,7 +297,7 @@ def test_the_api_and_gateway_deployments_start_from_their_config_and_secrets(
             scoped.setenv(key, value)
         settings = load_settings(ApiSettings)
     assert {"name": "http", "containerPort": settings.api.http_port} in api["ports"]
-    assert settings.api_tokens[0].role == "admin"
+    assert settings.api_callers[0].role == "admin"
 
     gateway = _container(objects[("Deployment", "warmplane-gateway")], "gateway")
     for ref in gateway["envFrom"]:

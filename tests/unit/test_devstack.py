@@ -1,17 +1,20 @@
 """The development stack's pure parts (`services/devstack`): the history's split, recorded events that
-chain as the gateway's do, the proof's choice of requests and its figures, and the autoscaler's arithmetic."""
+chain as the gateway's do, the proof's choice of requests and its figures, the autoscaler's arithmetic,
+and the credentials file."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from warmplane.services.devstack.autoscaler import DevAutoscaler
 from warmplane.services.devstack.chat_load import Sample
 from warmplane.services.devstack.history import LIVE_S, PAYLOAD_DEPTHS, recorded_event, split_history
+from warmplane.services.devstack.product import Credentials, InvalidCredentials
 from warmplane.services.devstack.proof import Side, routed_to
 from warmplane.services.gateway.openai_request import chain_of, decode
 from warmplane.services.gateway.settings import RoutingSettings
@@ -130,3 +133,36 @@ def test_the_autoscaler_starts_only_the_replicas_a_scale_up_lacks() -> None:
     autoscaler.scale(_scaled(2))  # a scale down starts and stops nothing
     autoscaler.scale(_scaled(3))  # nor does one to the count it has
     assert fleet.replicas == 3 and autoscaler.scheduled.qsize() == 2
+
+
+def test_a_credentials_file_pins_what_it_names_and_the_rest_is_generated(tmp_path: Path) -> None:
+    path = tmp_path / "credentials.json"
+    path.write_text(json.dumps({"api_key": "sk-pinned-0123456789", "event_key": "e" * 32}))
+    pinned = Credentials.read(path)
+    assert pinned.api_key.get_secret_value() == "sk-pinned-0123456789"
+    assert pinned.event_key.get_secret_value() == "e" * 32
+    again = Credentials.read(path)
+    assert again.api_key == pinned.api_key and again.admin_token != pinned.admin_token, "the rest generated"
+    assert len(pinned.tenant_secret.get_secret_value()) >= 16
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('{"api_key": "short-leak"}', "api_key: Value should have at least 16"),
+        ('{"event_key": "sixteen-chars-leak"}', "event_key: Value should have at least 32"),
+        ('{"api_keys": ["0123456789abcdef-leak"]}', "api_keys: Extra inputs are not permitted"),
+        ('{"api_key": "0123456789abcdef-leak"', "Invalid JSON"),
+        ('["0123456789abcdef-leak"]', "the file: Input should be an object"),
+    ],
+)
+def test_a_bad_credentials_file_is_refused_naming_what_is_wrong_without_a_value(
+    tmp_path: Path, text: str, named: str
+) -> None:
+    path = tmp_path / "credentials.json"
+    path.write_text(text)
+    with pytest.raises(InvalidCredentials) as refused:
+        Credentials.read(path)
+    assert named in str(refused.value) and "leak" not in str(refused.value)
+    with pytest.raises(InvalidCredentials, match="cannot read"):
+        Credentials.read(tmp_path / "missing.json")

@@ -144,7 +144,7 @@ async def serving(routing: RoutingSettings, options: GatewayOptions | None = Non
     fleet = Fleet(completion)
     sink = ListSink()
     settings = GatewaySettings(
-        api_keys={tenant: [SecretStr(key)] for tenant, key in KEYS.items()},
+        tenant_keys={tenant: [SecretStr(key)] for tenant, key in KEYS.items()},
         tenant_secrets={tenant: SecretStr(secret) for tenant, secret in SECRETS.items()},
         gateway=options or GatewayOptions(block_size=32, max_body_bytes=8192),
         routing=routing,
@@ -398,14 +398,14 @@ async def test_metrics_count_by_tenant_and_model_and_never_show_a_key(
 
 def test_settings_refuse_keys_without_a_salt_secret_and_a_key_shared_by_tenants() -> None:
     with pytest.raises(ValueError, match="no cache-salt secret"):
-        GatewaySettings(api_keys={"acme": [SecretStr(KEYS["acme"])]}, tenant_secrets={})
+        GatewaySettings(tenant_keys={"acme": [SecretStr(KEYS["acme"])]}, tenant_secrets={})
     with pytest.raises(ValueError, match="one tenant each"):
         GatewaySettings(
-            api_keys={"a": [SecretStr(KEYS["acme"])], "b": [SecretStr(KEYS["acme"])]},
+            tenant_keys={"a": [SecretStr(KEYS["acme"])], "b": [SecretStr(KEYS["acme"])]},
             tenant_secrets={"a": SecretStr("s"), "b": SecretStr("s")},
         )
     settings = GatewaySettings(
-        api_keys={"a": [SecretStr("key-a-0123456789")]}, tenant_secrets={"a": SecretStr("salt-a")}
+        tenant_keys={"a": [SecretStr("key-a-0123456789")]}, tenant_secrets={"a": SecretStr("salt-a")}
     )
     assert "key-a" not in repr(settings) and "salt-a" not in repr(settings)
 

@@ -94,5 +94,5 @@ async def test_metrics_are_not_served_on_the_clients_port(gateway: Harness) -> N
 def test_a_key_shorter_than_the_minimum_is_refused_at_start_naming_the_tenant_not_the_key() -> None:
     short = "k" * (MIN_KEY_CHARS - 1)
     with pytest.raises(ValueError, match=f"tenant 'acme' has an API key under {MIN_KEY_CHARS}") as refused:
-        GatewaySettings(api_keys={"acme": [SecretStr(short)]}, tenant_secrets={"acme": SecretStr("salt")})
+        GatewaySettings(tenant_keys={"acme": [SecretStr(short)]}, tenant_secrets={"acme": SecretStr("salt")})
     assert short not in str(refused.value)

@@ -6,12 +6,21 @@ import os
 
 import pytest
 from pydantic import SecretStr, ValidationError
+from pydantic_settings import BaseSettings
 
+from warmplane.services.api.settings import ApiSettings
+from warmplane.services.cli.api_client import ApiClientSettings
 from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.planner.policy import PolicyKnobs
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
 from warmplane.services.planner.trace_eval.params import EvalParams
-from warmplane.shared.settings import PostgresSettings, SettingsError, load_settings, settings_environment
+from warmplane.shared.settings import (
+    RENAMED,
+    PostgresSettings,
+    SettingsError,
+    load_settings,
+    settings_environment,
+)
 
 PASSWORD = "hunter2-s3cret"
 
@@ -97,6 +106,32 @@ def test_every_bad_variable_is_named_at_once(monkeypatch: pytest.MonkeyPatch) ->
         "WARMPLANE_KAFKA__BOOTSTRAP_SERVERS",
         "WARMPLANE_INGEST__BUCKET_SECONDS",
     ]
+
+
+@pytest.mark.parametrize("settings", [GatewaySettings, ApiSettings, ApiClientSettings, PlannerSettings])
+def test_an_old_name_is_refused_naming_the_new_one(
+    monkeypatch: pytest.MonkeyPatch, settings: type[BaseSettings]
+) -> None:
+    """Every service and the CLI refuse each renamed variable (whichever it read), without its value."""
+    for old in RENAMED:
+        monkeypatch.setenv(old, "old-value-0123456789")
+    with pytest.raises(SettingsError) as raised:
+        load_settings(settings)
+    lines = str(raised.value).splitlines()
+    assert lines[1:] == [f"  {old}: renamed {new}" for old, new in RENAMED.items()]
+    assert "old-value" not in str(raised.value)
+
+
+def test_the_new_names_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMPLANE_TENANT_KEYS", '{"acme": ["acme-key-0123456789"]}')
+    monkeypatch.setenv("WARMPLANE_TENANT_SECRETS", '{"acme": "salt-secret"}')
+    monkeypatch.setenv(
+        "WARMPLANE_API_CALLERS", '[{"name": "ci", "token": "0123456789abcdefg", "role": "admin"}]'
+    )
+    monkeypatch.setenv("WARMPLANE_CLI_TOKEN", "0123456789abcdefg")
+    assert list(load_settings(GatewaySettings).tenant_keys) == ["acme"]
+    assert [caller.name for caller in load_settings(ApiSettings).api_callers] == ["ci"]
+    assert load_settings(ApiClientSettings).cli_token.get_secret_value() == "0123456789abcdefg"
 
 
 def test_an_unparsable_section_fails_fast_naming_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
