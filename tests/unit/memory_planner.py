@@ -81,13 +81,14 @@ class MemoryPlans:
             self.published.setdefault(plan_id, at)
 
     async def unpublished(self, *, issued_before: datetime, alive_at: datetime) -> list[WarmPlanIssued]:
-        return [
+        waiting = [
             plan
             for plan in self.rows.values()
             if plan.plan_id not in self.published
             and plan.occurred_at < issued_before
             and plan.deadline > alive_at
         ]
+        return sorted(waiting, key=lambda plan: plan.occurred_at)
 
     async def unplanned_starts(self, *, since: datetime, before: datetime) -> list[Unplanned]:
         planned = {trigger for trigger, _replica in self.rows}
