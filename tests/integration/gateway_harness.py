@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import msgspec
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
 from tests.integration.planner_harness import poll_until, produce
@@ -172,3 +173,24 @@ def stream_summary(raw: bytes) -> dict[str, Any]:
         "model": {chunk["model"] for chunk in chunks},
         "terminator": events[-1],
     }
+
+
+def headers(key: str, **extra: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}", **extra}
+
+
+async def engine_served(engine: EmbeddedVllm, count: float) -> None:
+    async def reached() -> bool:
+        return await vllm_requests(engine) == count
+
+    await poll_until(reached, timeout_s=10, what=f"the engine to have served {count} requests")
+
+
+def metric_sample(text: str, name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels`, from Prometheus text."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )

@@ -28,6 +28,7 @@ from tests.integration.gateway_harness import (
     chat_body,
     epoch_bumped,
     gateway_settings,
+    headers,
     kafka_settings,
     sse_payloads,
     stream_summary,
@@ -68,10 +69,6 @@ def engines() -> Iterator[dict[str, EmbeddedVllm]]:
 @pytest.fixture
 def rng() -> random.Random:
     return random.Random(uuid.uuid4().int)
-
-
-def headers(key: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {key}"}
 
 
 async def test_a_replica_that_is_not_ready_receives_nothing_and_a_prefix_keeps_its_replica(

@@ -11,33 +11,23 @@ import uuid
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
 from tests.integration.gateway_harness import (
     TIMEOUT,
     chat_body,
+    engine_served,
     gateway_settings,
+    headers,
     kafka_settings,
+    metric_sample,
     vllm_requests,
 )
-from tests.integration.planner_harness import poll_until
 from warmplane.services.gateway.service import Gateway
 from warmplane.services.gateway.settings import ResultCacheSettings, StaticReplica
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedRedis
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm
 from warmplane.shared.settings import PostgresSettings, RedisSettings
-
-
-def headers(key: str, **extra: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {key}", **extra}
-
-
-async def engine_served(engine: EmbeddedVllm, count: float) -> None:
-    async def reached() -> bool:
-        return await vllm_requests(engine) == count
-
-    await poll_until(reached, timeout_s=10, what=f"the engine to have served {count} requests")
 
 
 async def test_a_repeated_greedy_request_is_answered_from_the_cache_in_its_tenant_and_epoch_only(
@@ -97,22 +87,21 @@ async def test_a_repeated_greedy_request_is_answered_from_the_cache_in_its_tenan
         await engine_served(vllm_engine, before + 5)
 
         metrics = (await client.get(f"{gateway.metrics_url}/metrics")).text
-    assert _sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="exact") == 1
-    assert _sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="semantic") == 1
-    assert _sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="miss") == 2
-    assert _sample(metrics, "warmplane_gateway_result_bypass_total", tenant="acme", reason="sampling") == 1
+    assert (
+        metric_sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="exact") == 1
+    )
+    assert (
+        metric_sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="semantic")
+        == 1
+    )
+    assert (
+        metric_sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="miss") == 2
+    )
+    assert (
+        metric_sample(metrics, "warmplane_gateway_result_bypass_total", tenant="acme", reason="sampling") == 1
+    )
 
 
 def _shouted(message: dict[str, Any]) -> dict[str, Any]:
     """The same question in capitals without its full stop: alike in the embedding, not in the key."""
     return {**message, "content": message["content"].upper().rstrip(".")}
-
-
-def _sample(text: str, name: str, **labels: str) -> float:
-    """The sum of `name`'s samples whose labels include `labels`, from Prometheus text."""
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and labels.items() <= sample.labels.items()
-    )
