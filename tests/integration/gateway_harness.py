@@ -18,11 +18,17 @@ from pydantic import SecretStr
 
 from tests.integration.planner_harness import poll_until, produce
 from warmplane.services.gateway.service import Gateway
-from warmplane.services.gateway.settings import GatewayOptions, GatewaySettings, RoutingSettings
+from warmplane.services.gateway.settings import (
+    GatewayOptions,
+    GatewaySettings,
+    ResultCacheSettings,
+    RoutingSettings,
+    StaticReplica,
+)
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import EpochBumped, ModelRef, ReplicaBecameReady, ReplicaEvent, ReplicaStarted
-from warmplane.shared.settings import EmitterSettings, KafkaSettings
+from warmplane.shared.settings import EmitterSettings, KafkaSettings, PostgresSettings, RedisSettings
 
 TENANTS = ("acme", "globex")
 TIMEOUT = httpx.Timeout(60.0, connect=5.0)
@@ -194,3 +200,21 @@ def metric_sample(text: str, name: str, **labels: str) -> float:
         for sample in family.samples
         if sample.name == name and labels.items() <= sample.labels.items()
     )
+
+
+def caching_gateway_settings(
+    kafka_servers: str, engine: EmbeddedVllm, redis_url: str, dsn: str
+) -> tuple[GatewaySettings, dict[str, str]]:
+    """A gateway in front of `engine` alone, with both tiers of its result cache on (Redis at `redis_url`,
+    pgvector in `dsn`), and its tenants' keys."""
+    settings, keys = gateway_settings(kafka_settings(kafka_servers), uuid.uuid4().hex[:8])
+    model = engine.model_name
+    settings = settings.model_copy(
+        update={
+            "static_replicas": [StaticReplica(replica="r0", url=engine.base_url, model=model)],
+            "redis": RedisSettings(url=SecretStr(redis_url)),
+            "postgres": PostgresSettings(url=SecretStr(dsn)),
+            "result_cache": ResultCacheSettings(enabled=True, semantic=True, lookup_timeout_s=2),
+        }
+    )
+    return settings, keys

@@ -11,23 +11,19 @@ import uuid
 from typing import Any
 
 import httpx
-from pydantic import SecretStr
 
 from tests.integration.gateway_harness import (
     TIMEOUT,
+    caching_gateway_settings,
     chat_body,
     engine_served,
-    gateway_settings,
     headers,
-    kafka_settings,
     metric_sample,
     vllm_requests,
 )
 from warmplane.services.gateway.service import Gateway
-from warmplane.services.gateway.settings import ResultCacheSettings, StaticReplica
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedRedis
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm
-from warmplane.shared.settings import PostgresSettings, RedisSettings
 
 
 async def test_a_repeated_greedy_request_is_answered_from_the_cache_in_its_tenant_and_epoch_only(
@@ -36,16 +32,10 @@ async def test_a_repeated_greedy_request_is_answered_from_the_cache_in_its_tenan
     migrated_database: str,
     vllm_engine: EmbeddedVllm,
 ) -> None:
-    settings, keys = gateway_settings(kafka_settings(embedded_kafka.bootstrap_servers), uuid.uuid4().hex[:8])
-    model = vllm_engine.model_name
-    settings = settings.model_copy(
-        update={
-            "static_replicas": [StaticReplica(replica="r0", url=vllm_engine.base_url, model=model)],
-            "redis": RedisSettings(url=SecretStr(embedded_redis.url)),
-            "postgres": PostgresSettings(url=SecretStr(migrated_database)),
-            "result_cache": ResultCacheSettings(enabled=True, semantic=True, lookup_timeout_s=2),
-        }
+    settings, keys = caching_gateway_settings(
+        embedded_kafka.bootstrap_servers, vllm_engine, embedded_redis.url, migrated_database
     )
+    model = vllm_engine.model_name
     rng = random.Random(uuid.uuid4().int)
     body = chat_body(rng, model)
     acme, globex = headers(keys["acme"]), headers(keys["globex"])

@@ -13,24 +13,20 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pydantic import SecretStr
 
 from tests.integration.conftest import fresh_database
 from tests.integration.gateway_harness import (
     TIMEOUT,
+    caching_gateway_settings,
     chat_body,
     engine_served,
-    gateway_settings,
     headers,
-    kafka_settings,
     metric_sample,
     vllm_requests,
 )
 from warmplane.services.gateway.service import Gateway
-from warmplane.services.gateway.settings import ResultCacheSettings, StaticReplica
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedRedis
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm
-from warmplane.shared.settings import PostgresSettings, RedisSettings
 
 
 @pytest.fixture
@@ -47,16 +43,8 @@ async def test_with_its_stores_gone_the_gateway_answers_from_the_engine_and_coun
     stores: tuple[EmbeddedRedis, EmbeddedPostgres, str],
 ) -> None:
     redis, postgres, dsn = stores
-    settings, keys = gateway_settings(kafka_settings(embedded_kafka.bootstrap_servers), uuid.uuid4().hex[:8])
+    settings, keys = caching_gateway_settings(embedded_kafka.bootstrap_servers, vllm_engine, redis.url, dsn)
     model = vllm_engine.model_name
-    settings = settings.model_copy(
-        update={
-            "static_replicas": [StaticReplica(replica="r0", url=vllm_engine.base_url, model=model)],
-            "redis": RedisSettings(url=SecretStr(redis.url)),
-            "postgres": PostgresSettings(url=SecretStr(dsn)),
-            "result_cache": ResultCacheSettings(enabled=True, semantic=True, lookup_timeout_s=2),
-        }
-    )
     rng = random.Random(uuid.uuid4().int)
     body = chat_body(rng, model)
     acme = headers(keys["acme"])
