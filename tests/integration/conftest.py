@@ -125,3 +125,13 @@ def vllm_engine() -> Iterator[EmbeddedVllm]:
     model_dir = ensure_tiny_model()
     with _workdir("vllm") as workdir, EmbeddedVllm(workdir, model_dir) as engine:
         yield engine
+
+
+@pytest.fixture
+def own_engine() -> Iterator[EmbeddedVllm]:
+    """A running engine of the test's own (to kill, restart, or fill), the tiny model; always stopped."""
+    with (
+        _workdir("vllm-own") as workdir,
+        EmbeddedVllm(workdir, ensure_tiny_model(), omp_threads_bind=1) as engine,
+    ):
+        yield engine

@@ -9,14 +9,10 @@ measured rule (NOTES-parts): a real request whose prompt starts with a warmed re
 from __future__ import annotations
 
 import random
-import tempfile
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import asyncpg
-import pytest
 
 from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, running_planner
 from tests.integration.warmer_harness import (
@@ -34,7 +30,7 @@ from warmplane.services.warmer.settings import WarmSettings
 from warmplane.services.warmer.vllm_client import VllmEngineClient
 from warmplane.shared.cache_salt import derive_cache_salt
 from warmplane.shared.codec import EventCodec
-from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm, ensure_tiny_model
+from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
     EpochBumped,
@@ -170,16 +166,6 @@ async def test_a_starting_replica_is_warmed_verified_and_only_then_ready(
         (replan.plan_id, 4, []),
     ]
     assert finished[0].tokens_prefilled > 4 * 4 * BLOCK_SIZE
-
-
-@pytest.fixture
-def own_engine() -> Iterator[EmbeddedVllm]:
-    """A running engine of the test's own, to kill and restart; always stopped."""
-    with (
-        tempfile.TemporaryDirectory(prefix="warmplane-test-vllm-kill-") as folder,
-        EmbeddedVllm(Path(folder), ensure_tiny_model(), omp_threads_bind=1) as engine,
-    ):
-        yield engine
 
 
 async def test_an_engine_killed_mid_warm_is_never_ready_and_is_rewarmed_when_it_returns(
