@@ -26,7 +26,7 @@ from bench.scaleup.figures import RunRecord
 from warmplane.services.devstack.chat_load import Sample, replay, service_times
 from warmplane.services.devstack.chat_traffic import ChatRequest
 from warmplane.shared.embedded.processes import free_port, log_tail
-from warmplane.shared.embedded.vllm_engine import EmbeddedVllm
+from warmplane.shared.embedded.vllm_engine import SMOLLM2_DTYPE, EmbeddedVllm
 
 REPLICA_PREFIX = f"{MODEL}-"
 LEAD_S = 1.0
@@ -55,6 +55,7 @@ def _engine(workdir: Path, model_dir: Path, name: str, core: int, settings: RunS
         port=free_port(),
         kv_cache_space_gib=settings.kv_cache_gib,
         start_timeout_s=settings.engine_timeout_s,
+        extra_args=("--dtype", SMOLLM2_DTYPE),  # as `make up` serves it: bfloat16 is slow without AVX512-BF16
     )
     return Replica(name, engine)
 

@@ -29,17 +29,13 @@ from warmplane.services.warmer.settings import (
 )
 from warmplane.shared.cache_salt import derive_cache_salt
 from warmplane.shared.embedded.processes import free_port
-from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm
+from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, SMOLLM2_DTYPE, EmbeddedVllm
 from warmplane.shared.settings import KafkaSettings
 
 NODE = "node-0"
 COLD_REFERENCE = "cold-reference"
 START_TIMEOUT_S = 900.0
 """A CPU engine starts in about a minute on a quiet 2-core machine, five times that on a busy one."""
-DTYPE = "float32"
-"""The converted weights are bfloat16; a CPU without AVX512-BF16 computes bfloat16 through a slow path
-(oneDNN falls back to torch), several times slower than float32 (`bench/results/make-up.txt` has the
-measurement)."""
 KV_CACHE_GIB = 2
 """Each engine's KV cache: SmolLM2 keeps about 23 KB a token, so some 90,000 tokens, more than a plan."""
 
@@ -158,7 +154,7 @@ class Fleet:
             kv_events=True,
             port=free_port(),
             start_timeout_s=START_TIMEOUT_S,
-            extra_args=("--dtype", DTYPE),
+            extra_args=("--dtype", SMOLLM2_DTYPE),
         )
         self.engines[name] = engine
         self._starts[name] = asyncio.create_task(asyncio.to_thread(engine.start), name=f"start {name}")

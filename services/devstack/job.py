@@ -77,7 +77,7 @@ PLAN_WINDOW_MINUTES = 60
 PLAN_DEADLINE_S = 600.0
 WARM_SECONDS = 90.0
 PREFILL_TOKENS_PER_S = 150.0
-"""SmolLM2's cold prefill in float32 on one core of an AVX2-only 2-core machine, about (`fleet.DTYPE`;
+"""SmolLM2's cold prefill in float32 on one core of an AVX2-only 2-core machine, about (`SMOLLM2_DTYPE`;
 `bench.scaleup` calibrates its own per run): a plan costs at most `WARM_SECONDS` of it."""
 ROUTING_DEPTH = 1
 """The conversation trace's requests share their first block, so they are routed by their second (the

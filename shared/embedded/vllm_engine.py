@@ -81,6 +81,12 @@ def ensure_tiny_model(
     return _ensure_model("tiny_model.py", tiny_model.is_built, out_dir, venv=venv, timeout_s=timeout_s)
 
 
+SMOLLM2_DTYPE = "float32"
+"""How the SmolLM2 engines compute (`--dtype`). The converted weights are bfloat16, and a CPU without
+AVX512-BF16 (this project's AVX2-only AMD EPYC among them) computes bfloat16 through a slow path: 70 s
+against 10 s to prefill 1,500 tokens (`bench/results/make-up.txt`). float32 is fast on every CPU."""
+
+
 def ensure_smollm2(
     out_dir: Path = SMOLLM2_DIR, *, venv: Path | None = None, timeout_s: float = 600.0
 ) -> Path:
