@@ -21,8 +21,9 @@ from warmplane.shared.codec import DEFAULT_MAX_EVENT_BYTES
 PositiveInt = Annotated[int, Field(gt=0)]
 S = TypeVar("S", bound=BaseSettings)
 MIN_KEY_CHARS = 16
-MIN_EVENT_KEY_CHARS = 32
 """The shortest API key (gateway) or bearer token (API) a service starts with: a guessable key is no key."""
+MIN_EVENT_KEY_CHARS = 32
+"""The shortest key that signs control events (HMAC-SHA256: 32 characters carry about its 256 bits)."""
 
 
 class KafkaSettings(BaseModel):

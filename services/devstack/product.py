@@ -24,13 +24,9 @@ from warmplane.services.gateway.service import Gateway
 from warmplane.services.gateway.settings import GatewayOptions, GatewaySettings, RoutingSettings
 from warmplane.shared.asgi_server import AsgiServer
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE
-from warmplane.shared.settings import MIN_EVENT_KEY_CHARS, KafkaSettings, PostgresSettings
+from warmplane.shared.settings import MIN_EVENT_KEY_CHARS, MIN_KEY_CHARS, KafkaSettings, PostgresSettings
 
 HOST = "127.0.0.1"
-
-
-MIN_SECRET_CHARS = 16
-"""What the gateway asks of an API key and the API of a token."""
 
 
 class InvalidCredentials(ValueError):
@@ -43,15 +39,15 @@ class Credentials(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    admin_token: Annotated[SecretStr, Field(min_length=MIN_SECRET_CHARS)] = Field(
+    admin_token: Annotated[SecretStr, Field(min_length=MIN_KEY_CHARS)] = Field(
         default_factory=lambda: SecretStr(f"wp-admin-{secrets.token_urlsafe(24)}")
     )
     """The API's one caller, an admin (the status page's and the CLI's token)."""
-    api_key: Annotated[SecretStr, Field(min_length=MIN_SECRET_CHARS)] = Field(
+    api_key: Annotated[SecretStr, Field(min_length=MIN_KEY_CHARS)] = Field(
         default_factory=lambda: SecretStr(f"sk-wp-{secrets.token_urlsafe(24)}")
     )
     """The tenant's key at the gateway."""
-    tenant_secret: Annotated[SecretStr, Field(min_length=MIN_SECRET_CHARS)] = Field(
+    tenant_secret: Annotated[SecretStr, Field(min_length=MIN_KEY_CHARS)] = Field(
         default_factory=lambda: SecretStr(secrets.token_urlsafe(32))
     )
     """Derives the tenant's cache salt (the gateway's and the warmer's)."""
