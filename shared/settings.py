@@ -23,7 +23,7 @@ S = TypeVar("S", bound=BaseSettings)
 MIN_KEY_CHARS = 16
 """The shortest API key (gateway) or bearer token (API) a service starts with: a guessable key is no key."""
 MIN_EVENT_KEY_CHARS = 32
-"""The shortest key that signs control events (HMAC-SHA256: 32 characters carry about its 256 bits)."""
+"""The shortest key that signs control events (HMAC-SHA256, `event_signing.py`)."""
 
 
 class KafkaSettings(BaseModel):
