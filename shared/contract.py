@@ -36,24 +36,16 @@ _SCHEMA_ID: Final = "https://warmplane.dev/contract/v1/events.schema.json"
 _PREFIX: Final = Topics().prefix
 
 _CHANNELS: Final = {
-    "requests": (
-        "request",
-        "Every answered request: what the planner counts. Sent by gateways and by emitters in serving "
-        "stacks.",
-    ),
-    "misses": (
-        "miss",
-        "Prefixes a request had to compute. Sent by gateways and by emitters in serving stacks.",
-    ),
-    "lifecycle": (
-        "lifecycle fleet",
-        "Replica lifecycle (warmers), deploys, scaling, epochs and re-warm requests (the API, deploy "
-        "tooling, autoscalers, the planner). Consumers accept only signed records when event keys are set.",
-    ),
-    "plans": ("plan", "Warm plans, from the planner to each node's warmer. Signed when event keys are set."),
-    "warm-results": ("warm_result", "Warm progress, outcomes and residency, from the warmers."),
+    "requests": "Every answered request: what the planner counts. Sent by gateways and by emitters in "
+    "serving stacks.",
+    "misses": "Prefixes a request had to compute. Sent by gateways and by emitters in serving stacks.",
+    "lifecycle": "Replica lifecycle (warmers), deploys, scaling, epochs and re-warm requests (the API, "
+    "deploy tooling, autoscalers, the planner). Consumers accept only signed records when event keys are "
+    "set.",
+    "plans": "Warm plans, from the planner to each node's warmer. Signed when event keys are set.",
+    "warm-results": "Warm progress, outcomes and residency, from the warmers.",
 }
-"""Channel (the topic's suffix) → the event families it carries, and what flows on it."""
+"""Channel (the topic's name after the prefix) → what flows on it; which events do is `Topics`' to say."""
 _SIGNED: Final = frozenset({"lifecycle", "plans"})
 
 
@@ -75,8 +67,11 @@ def asyncapi() -> dict[str, Any]:
     messages: dict[str, Any] = {}
     channels: dict[str, Any] = {}
     operations: dict[str, Any] = {}
-    for channel, (families, says) in _CHANNELS.items():
-        carried = sorted(tag for tag, cls in EVENT_TYPES.items() if cls.FAMILY in families.split())
+    named = Topics("{prefix}")
+    for channel, says in _CHANNELS.items():
+        carried = sorted(
+            tag for tag, cls in EVENT_TYPES.items() if named.for_family(cls.FAMILY) == f"{{prefix}}.{channel}"
+        )
         for tag in carried:
             messages[tag] = _message(tag, EVENT_TYPES[tag], signed=channel in _SIGNED)
         channels[channel] = _channel(

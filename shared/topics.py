@@ -53,7 +53,11 @@ class Topics:
 
     def for_event(self, event: Event) -> str:
         """The topic an event is published to, by its family."""
-        return _FAMILY_TOPIC[event.FAMILY](self)
+        return self.for_family(event.FAMILY)
+
+    def for_family(self, family: str) -> str:
+        """The topic of the events of `family` (an event type's `FAMILY`)."""
+        return _FAMILY_TOPIC[family](self)
 
     def all(self) -> tuple[str, ...]:
         return (self.requests, self.misses, self.lifecycle, self.plans, self.warm_results, self.dead_letter)

@@ -52,8 +52,7 @@ _CHUNK = 512
 _partition_of = attrgetter("topic", "partition")
 _offset_of = attrgetter("offset")
 _UNREACHABLE = (
-    OSError,
-    TimeoutError,
+    OSError,  # a refused or reset connection, and TimeoutError
     asyncpg.InterfaceError,
     asyncpg.PostgresConnectionError,
     asyncpg.CannotConnectNowError,
@@ -438,5 +437,5 @@ class Ingestor:
 
 def _said(exc: BaseException) -> str:
     """An error's class and its first line (no query, no DSN)."""
-    first = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {first}"[:200]
+    first_line = str(exc).partition("\n")[0]
+    return f"{type(exc).__name__}: {first_line}"[:200]

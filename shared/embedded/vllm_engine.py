@@ -83,8 +83,8 @@ def ensure_tiny_model(
 
 SMOLLM2_DTYPE = "float32"
 """How the SmolLM2 engines compute (`--dtype`). The converted weights are bfloat16, and a CPU without
-AVX512-BF16 (this project's AVX2-only AMD EPYC among them) computes bfloat16 through a slow path: 70 s
-against 10 s to prefill 1,500 tokens (`bench/results/make-up.txt`). float32 is fast on every CPU."""
+AVX512-BF16 computes bfloat16 through a slow path, several times slower than float32
+(`bench/results/make-up.txt` has the measurement); float32 is fast on every CPU."""
 
 
 def ensure_smollm2(
@@ -228,11 +228,14 @@ class EmbeddedVllm(EmbeddedPart):
 
     def stop(self) -> None:
         super().stop()
-        if not self.ipc_dir.is_relative_to(self.workdir.absolute()):
-            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        self._remove_ipc_dir()
 
     def kill(self) -> None:
         super().kill()
+        self._remove_ipc_dir()
+
+    def _remove_ipc_dir(self) -> None:
+        """The folder outside the workdir, if one was used (the workdir's own stays, as its data does)."""
         if not self.ipc_dir.is_relative_to(self.workdir.absolute()):
             shutil.rmtree(self.ipc_dir, ignore_errors=True)
 

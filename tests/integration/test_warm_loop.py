@@ -1,4 +1,5 @@
-"""The loop end to end on real parts: request events -> planner -> plan -> warmer -> vLLM -> ready.
+"""The loop end to end on real parts: request events -> planner -> plan -> warmer -> vLLM -> ready; and the
+loop cut midway (an engine killed, a warmer restarted: issue 21's fault suite).
 
 Conversations are random words from a generator seeded afresh per test and salts come from a fresh
 secret, so tests sharing the session's engine never find each other's blocks. Expectations come from the
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import random
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import asyncpg
 
 from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, running_planner
 from tests.integration.warmer_harness import (
+    Message,
     conversation,
     conversation_traffic,
     ready_status,
@@ -25,8 +28,9 @@ from tests.integration.warmer_harness import (
 )
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.services.warmer.core.replica import Phase
+from warmplane.services.warmer.replica_driver import ReplicaDriver
 from warmplane.services.warmer.service import Warmer
-from warmplane.services.warmer.settings import WarmSettings
+from warmplane.services.warmer.settings import WarmerSettings, WarmSettings
 from warmplane.services.warmer.vllm_client import VllmEngineClient
 from warmplane.shared.cache_salt import derive_cache_salt
 from warmplane.shared.codec import EventCodec
@@ -168,30 +172,47 @@ async def test_a_starting_replica_is_warmed_verified_and_only_then_ready(
     assert finished[0].tokens_prefilled > 4 * 4 * BLOCK_SIZE
 
 
-async def test_an_engine_killed_mid_warm_is_never_ready_and_is_rewarmed_when_it_returns(
-    planner_settings: PlannerSettings, own_engine: EmbeddedVllm
-) -> None:
+@dataclass(frozen=True, slots=True)
+class _SlowWarm:
+    """Conversations the planner has counted, and a warmer warming one item at a time (to cut midway)."""
+
+    settings: WarmerSettings
+    payloads: dict[int, list[Message]]
+    secret: str
+
+
+async def _slow_warm(planner_settings: PlannerSettings, engine: EmbeddedVllm, node: str) -> _SlowWarm:
+    """Publish 40 conversations (twice each), wait until the running planner counted them, and the warmer's
+    settings for `engine` on `node`."""
     rng = random.Random(uuid.uuid4().int)
     secret = uuid.uuid4().hex
     kafka = planner_settings.kafka
-    topics = Topics(kafka.topic_prefix)
     traffic, payloads = conversation_traffic(rng, 40, repeats=2)
     await produce(kafka, traffic)
     dsn = planner_settings.postgres.asyncpg_dsn()
+    await poll_until(lambda: _counted(dsn, len(traffic)), timeout_s=_TIMEOUT_S, what="traffic")
     warm = WarmSettings(concurrency=1, health_interval_s=0.2, progress_interval_s=0.2, request_timeout_s=10)
-    settings = warmer_settings(kafka, [own_engine], node="node-k", secrets={"acme": secret}, warm=warm)
+    settings = warmer_settings(kafka, [engine], node=node, secrets={"acme": secret}, warm=warm)
+    return _SlowWarm(settings, payloads, secret)
+
+
+def _warming_midway(driver: ReplicaDriver) -> bool:
+    report = driver.progress()
+    return driver.tracker.phase is Phase.WARMING and report is not None and report.items_done >= 3
+
+
+async def test_an_engine_killed_mid_warm_is_never_ready_and_is_rewarmed_when_it_returns(
+    planner_settings: PlannerSettings, own_engine: EmbeddedVllm
+) -> None:
+    kafka = planner_settings.kafka
+    topics = Topics(kafka.topic_prefix)
     async with running_planner(planner_settings):
-        await poll_until(lambda: _counted(dsn, len(traffic)), timeout_s=_TIMEOUT_S, what="traffic")
-        async with Warmer(settings) as warmer:
+        slow = await _slow_warm(planner_settings, own_engine, "node-k")
+        async with Warmer(slow.settings) as warmer:
             [driver] = warmer.drivers.values()
             tracker = driver.tracker
             first = tracker.incarnation
-
-            def warming_midway() -> bool:
-                report = driver.progress()
-                return tracker.phase is Phase.WARMING and report is not None and report.items_done >= 3
-
-            await wait_for(warming_midway, timeout_s=_TIMEOUT_S, what="the warm under way")
+            await wait_for(lambda: _warming_midway(driver), timeout_s=_TIMEOUT_S, what="the warm under way")
             own_engine.kill()
             readiness: list[bool] = []
 
@@ -206,8 +227,8 @@ async def test_an_engine_killed_mid_warm_is_never_ready_and_is_rewarmed_when_it_
             own_engine.start()  # same port: the warmer sees the engine answer again
             await wait_for(lambda: tracker.ready, timeout_s=_TIMEOUT_S, what="ready after the restart")
             assert tracker.incarnation != first and not tracker.partial, tracker.reason
-            salt = derive_cache_salt(secret.encode(), "acme", MODEL.name, 0)
-            messages = next(iter(payloads.values()))
+            salt = derive_cache_salt(slow.secret.encode(), "acme", MODEL.name, 0)
+            messages = next(iter(slow.payloads.values()))
             usage = await real_chat(own_engine, messages, salt)
             expected = await _full_blocks(own_engine, messages)
             assert usage["prompt_tokens_details"]["cached_tokens"] == expected
@@ -220,4 +241,46 @@ async def test_an_engine_killed_mid_warm_is_never_ready_and_is_rewarmed_when_it_
     results = [e for e in await _events(kafka, topics.warm_results) if isinstance(e, WarmFinished)]
     by_plan = {result.plan_id: result for result in results}
     assert by_plan[plans[0].plan_id].partial and by_plan[plans[0].plan_id].failures
-    assert by_plan[plans[1].plan_id].verified_hits == len(payloads)
+    assert by_plan[plans[1].plan_id].verified_hits == len(slow.payloads)
+
+
+async def test_a_warmer_restarted_mid_plan_warms_the_new_start_once_and_only_then_is_ready(
+    planner_settings: PlannerSettings, own_engine: EmbeddedVllm
+) -> None:
+    """A warmer restarted mid-plan, its engine still running: the new warmer
+    announces the replica as a new start, the planner plans that start, the warm is applied once and
+    verified, and only then is the replica ready. The cut-off run is never taken as done."""
+    kafka = planner_settings.kafka
+    topics = Topics(kafka.topic_prefix)
+    async with running_planner(planner_settings):
+        slow = await _slow_warm(planner_settings, own_engine, "node-r")
+        async with Warmer(slow.settings) as first:
+            [driver] = first.drivers.values()
+            await wait_for(
+                lambda: _warming_midway(driver), timeout_s=_TIMEOUT_S, what="the first warm under way"
+            )
+            assert not driver.tracker.ready
+            earlier = driver.tracker.incarnation
+        # The first warmer is gone mid-plan; the engine runs on.
+        async with Warmer(slow.settings) as second:
+            [driver] = second.drivers.values()
+            await wait_for(lambda: driver.tracker.ready, timeout_s=_TIMEOUT_S, what="ready again")
+            assert driver.tracker.incarnation != earlier and not driver.tracker.partial, driver.tracker.reason
+            salt = derive_cache_salt(slow.secret.encode(), "acme", MODEL.name, 0)
+            for messages in slow.payloads.values():
+                usage = await real_chat(own_engine, messages, salt)
+                assert usage["prompt_tokens_details"]["cached_tokens"] > 0, "every prefix warmed"
+
+    lifecycle = [e for e in await _events(kafka, topics.lifecycle) if isinstance(e, ReplicaEvent)]
+    starts = [e for e in lifecycle if type(e).STATE == "starting"]
+    assert len(starts) == 2, [type(e).STATE for e in lifecycle]
+    assert type(lifecycle[-1]).STATE == "ready"
+    plans = [e for e in await _events(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
+    assert [plan.trigger_event_id for plan in plans] == [start.event_id for start in starts]
+    results = [e for e in await _events(kafka, topics.warm_results) if isinstance(e, WarmFinished)]
+    second_plan = [r for r in results if r.plan_id == plans[1].plan_id]
+    assert len(second_plan) == 1, "applied once"
+    assert second_plan[0].verified_hits == len(slow.payloads) and not second_plan[0].failures
+    assert all(
+        not r.verified_hits or r.plan_id == plans[1].plan_id for r in results if r.plan_id == plans[0].plan_id
+    )

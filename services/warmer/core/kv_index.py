@@ -31,9 +31,9 @@ from typing import Any, Final
 
 _CACHED_MEDIA: Final = frozenset({None, "GPU"})
 REMOVALS_KEPT: Final = 65_536
-"""Removed blocks remembered with the batch that removed them (about 20 MB at the most): some 20 s of
-evictions on a GPU prefilling 50,000 tokens a second in 16-token blocks, ten times the assessment interval
-within which a probe's answer needs checking."""
+"""Removed blocks remembered with the batch that removed them: a bound, so memory stays flat on a busy
+engine, chosen to outlast many assessment intervals (within one of which a probe's answer needs checking)
+even on a GPU evicting thousands of blocks a second."""
 BlockKey = tuple[Hashable, int, Hashable]
 """(parent block hash or None for a first block, digest of the block's tokens, its extra keys)."""
 
