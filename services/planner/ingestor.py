@@ -54,6 +54,7 @@ _offset_of = attrgetter("offset")
 _UNREACHABLE = (
     OSError,  # a refused or reset connection, and TimeoutError
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,  # "another operation is in progress": a connection cut mid-statement
     asyncpg.PostgresConnectionError,
     asyncpg.CannotConnectNowError,
     asyncpg.AdminShutdownError,
