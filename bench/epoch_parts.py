@@ -40,9 +40,6 @@ MODEL = "stub-model"
 SECRET = "epoch-bench-salt-secret"
 KEY = "sk-epoch-bench-key"
 START_TIMEOUT_S = 180.0
-WATCH_FETCH_WAIT_MS = 50
-"""The watch polls as a gateway's lifecycle follower does (its `_FETCH_WAIT_MS`): the embedded broker
-answers a fetch when this wait ends rather than when a record arrives, so a hop's time depends on it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +181,10 @@ class LifecycleWatch:
 
     async def __aenter__(self) -> LifecycleWatch:
         topic = Topics(self._kafka.topic_prefix).lifecycle
+        # Fetches wait as a gateway's lifecycle follower's do: on the embedded broker, a hop's time
+        # depends on it.
         consumer = self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._kafka.bootstrap_servers, fetch_max_wait_ms=WATCH_FETCH_WAIT_MS
+            bootstrap_servers=self._kafka.bootstrap_servers, fetch_max_wait_ms=self._kafka.fetch_max_wait_ms
         )
         await consumer.start()
         partitions = [TopicPartition(topic, p) for p in range(self._kafka.partitions)]

@@ -46,6 +46,7 @@ from typing import Any
 import msgspec
 from pydantic import SecretStr
 
+from bench.cpu_time import process_cpu_seconds
 from bench.gateway_bench import KEY, gateway_process, router_process
 from bench.gateway_stub import ANSWER, BODY, MODEL, USAGE, RawClient, stub_process
 from warmplane.services.gateway.app import bootstrap
@@ -234,24 +235,17 @@ def _measure(
     cpu_before: dict[str, tuple[float, float]] = {}
     for i in range(requests + 200):
         if i == 200:
-            cpu_before = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+            cpu_before = {name: process_cpu_seconds(pid) for name, pid in pids.items()}
         for name in names[i % len(names) :] + names[: i % len(names)]:
             took = clients[name].post()
             if i >= 200:
                 samples[name].append(took)
     cpu_ms = {}
     for name, pid in pids.items():
-        after = _cpu_seconds(pid)
+        after = process_cpu_seconds(pid)
         user, system = (1000 * (a - b) / requests for a, b in zip(after, cpu_before[name], strict=True))
         cpu_ms[name] = (user, system)
     return samples, cpu_ms
-
-
-def _cpu_seconds(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds `pid` has used (all its threads), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _start_py_spy(pid: int, out: str) -> subprocess.Popen[bytes]:

@@ -50,6 +50,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
+from bench.cpu_time import tree_cpu_seconds
 from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.services.planner.app import build_planner
 from warmplane.services.planner.gc_tuning import tune_for_batches
@@ -151,28 +152,6 @@ async def publish(kafka: KafkaSettings, events: list[Event]) -> None:
         await asyncio.gather(*pending)
     finally:
         await producer.stop()
-
-
-def tree_cpu_seconds(root: int | None) -> float:
-    """CPU seconds used so far by process `root`, its live descendants and its reaped children (Linux
-    /proc): what a part such as Postgres costs, whichever of its processes did the work."""
-    if root is None:
-        return 0.0
-    stats: dict[int, list[str]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                stats[int(entry.name)] = entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()
-    children: dict[int, list[int]] = {}
-    for pid, fields in stats.items():
-        children.setdefault(int(fields[1]), []).append(pid)
-    total, pending = 0, [root]
-    while pending:
-        pid = pending.pop()
-        if (stat := stats.get(pid)) is not None:
-            total += sum(int(f) for f in stat[11:15])  # utime, stime, cutime, cstime
-            pending.extend(children.get(pid, []))
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 async def raw_loop(kafka: KafkaSettings, total: int) -> float:

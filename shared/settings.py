@@ -45,6 +45,11 @@ class KafkaSettings(BaseModel):
     session_timeout_ms: PositiveInt = 10_000
     heartbeat_interval_ms: PositiveInt = 3_000
     """How often a consumer tells its group it is alive (a third of the session timeout or less)."""
+    fetch_max_wait_ms: PositiveInt = 500
+    """How long the broker may hold a consumer's fetch while it has nothing new (Kafka's own default). Apache
+    Kafka answers as soon as a record arrives, so the wait adds no latency there and a short one only
+    multiplies empty round trips; the embedded broker answers when the wait ends, so there it is also how
+    late a quiet topic's record is seen (`python -m bench.broker_poll_bench` measures both)."""
     max_event_bytes: PositiveInt = DEFAULT_MAX_EVENT_BYTES
     """Larger events are dead-lettered."""
     commit_timeout_s: Annotated[float, Field(gt=0)] = 10.0
@@ -135,9 +140,11 @@ RENAMED: Final = {
     "WARMPLANE_API_KEYS": "WARMPLANE_TENANT_KEYS",
     "WARMPLANE_API_TOKENS": "WARMPLANE_API_CALLERS",
     "WARMPLANE_API_TOKEN": "WARMPLANE_CLI_TOKEN",
+    "WARMPLANE_INGEST__FETCH_MAX_WAIT_MS": "WARMPLANE_KAFKA__FETCH_MAX_WAIT_MS",
 }
-"""Old name → new name. The old three differed by a letter and meant three things (the gateway's tenant keys,
-the API's callers, the CLI's own token); an old name set is refused, never silently ignored."""
+"""Old name → new name. The API's three differed by a letter and meant three things (the gateway's tenant
+keys, the API's callers, the CLI's own token); the planner's fetch wait is now every consumer's. An old name
+set is refused, never silently ignored."""
 
 
 class SettingsError(SystemExit):

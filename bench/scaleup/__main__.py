@@ -34,7 +34,7 @@ import msgspec
 
 from bench.scaleup.arms import Arm, RouterArm, WarmplaneArm
 from bench.scaleup.figures import RunRecord
-from bench.scaleup.report import headline, picture, summarise, table, targets
+from bench.scaleup.report import cpu_table, headline, picture, summarise, table, targets
 from bench.scaleup.run import RunSettings, calibrate, run_arm
 from bench.summary import SummaryRecorder, Table, add_summary_option, parameters_of
 from warmplane.services.devstack.chat_traffic import (
@@ -129,6 +129,9 @@ def _report(kept: Kept, recorder: SummaryRecorder) -> str:
         recorder.figure(name, value, "s", baseline=(base_name, base))
     recorder.tables.append(Table(caption="Per arm, medians over runs", markdown=table(by_arm, runs)))
     recorder.tables.append(Table(caption="Targets (issue 15)", markdown=target_table))
+    cpu = cpu_table(kept.records)
+    if cpu:
+        recorder.tables.append(Table(caption="CPU seconds per part over the replay, medians", markdown=cpu))
     text = (
         "# Scale-up scenario: a new replica's first minute\n\n"
         f"Command (from the project root):\n\n    {kept.command}\n\n"
@@ -138,6 +141,7 @@ def _report(kept: Kept, recorder: SummaryRecorder) -> str:
         + table(by_arm, runs)
         + "\nTargets (issue 15):\n\n"
         + target_table
+        + (f"\nCPU seconds each part used over the replay (medians over runs):\n\n{cpu}" if cpu else "")
     )
     return text
 

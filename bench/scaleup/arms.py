@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ from typing import Protocol
 
 import httpx
 
+from bench.cpu_time import process_cpu_seconds, tree_cpu_seconds
 from warmplane.shared import migrate
 from warmplane.shared.embedded import EmbeddedStack
 from warmplane.shared.embedded.processes import (
@@ -60,17 +62,34 @@ class Replica:
 
 
 class Processes:
-    """The processes one run starts, each stopped on `stack`; `check()` says if one died on its own."""
+    """The processes one run starts, each stopped on `stack`; `check()` says if one died on its own, and
+    `cpu_seconds()` what each part (its process and descendants) has used so far."""
 
     def __init__(self, stack: ExitStack, workdir: Path) -> None:
         self.stack, self.workdir = stack, workdir
         self._watched: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self._parts: dict[str, Callable[[], int | None]] = {"bench (load, this process)": os.getpid}
+
+    def part(self, name: str, pid: Callable[[], int | None]) -> None:
+        """Count `name`'s CPU from the process `pid()` names (None while it is not running)."""
+        self._parts[name] = pid
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds each part has used so far; this process's own, without its children's."""
+        used = {}
+        for name, pid in self._parts.items():
+            if (number := pid()) is None:
+                continue
+            own = number == os.getpid()
+            used[name] = sum(process_cpu_seconds(number)) if own else tree_cpu_seconds(number)
+        return used
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         log = self.workdir / f"{name}.log"
         proc = start_process(argv, log, env=None if env is None else {**os.environ, **env})
         self.stack.callback(stop_process_group, proc, STOP_TIMEOUT_S)
         self._watched.append((proc, log))
+        self.part(name, lambda: proc.pid)
 
     def service(self, name: str, module: str, env: dict[str, str]) -> None:
         self.start(name, [sys.executable, "-m", module], env)
@@ -134,6 +153,8 @@ class WarmplaneArm:
 
     def start(self, processes: Processes, first: Replica) -> None:
         parts = processes.stack.enter_context(EmbeddedStack(processes.workdir / "parts"))
+        for part in (parts.kafka, parts.postgres, parts.redis):
+            processes.part(part.name, lambda part=part: part.pid)  # type: ignore[misc]
         migrate.upgrade(parts.postgres.sqlalchemy_url)
         self._kafka = KafkaSettings(
             bootstrap_servers=parts.kafka.bootstrap_servers,

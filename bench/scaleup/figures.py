@@ -36,6 +36,9 @@ class RunRecord:
     warm_tokens: int | None
     """Prompt tokens the newcomer computed (not found cached) before its first request: the warm-up's
     prefill; None when not measured."""
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds each part used over the replay (the engines, the arm's processes, this process); empty
+    in runs kept before it was measured."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -4,6 +4,7 @@ and the picture of TTFT around the join."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,23 @@ def summarise(records: Sequence[RunRecord]) -> tuple[dict[str, dict[str, float]]
     for record in records:
         runs[record.arm] = runs.get(record.arm, 0) + 1
     return medians(figures), runs
+
+
+def cpu_table(records: Sequence[RunRecord]) -> str:
+    """CPU seconds each part used over the replay, per arm (median over its runs); empty when no run kept
+    them. The engines' two cores are what every other part competes with."""
+    used: dict[str, dict[str, list[float]]] = {}
+    for record in records:
+        for part, seconds in record.cpu_s.items():
+            used.setdefault(part, {}).setdefault(record.arm, []).append(seconds)
+    if not used:
+        return ""
+    arms = list(dict.fromkeys(record.arm for record in records))
+    lines = ["| part | " + " | ".join(arms) + " |", "|---|" + "---:|" * len(arms)]
+    for part in sorted(used, key=lambda name: (name.startswith("bench"), name)):
+        cells = [f"{statistics.median(used[part][arm]):.1f}" if arm in used[part] else "–" for arm in arms]
+        lines.append(f"| {part} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def picture(records: Sequence[RunRecord], path: Path, *, before_s: float, after_s: float) -> None:

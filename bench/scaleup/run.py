@@ -117,6 +117,9 @@ async def run_arm(
         stack.callback(newcomer.engine.stop)
         await asyncio.to_thread(stack.enter_context, first.engine)
         await asyncio.to_thread(arm.start, processes, first)
+        for replica in (first, newcomer):
+            processes.part(f"engine {replica.name}", lambda engine=replica.engine: engine.pid)  # type: ignore[misc]
+        cpu_before = processes.cpu_seconds()
         start = time.monotonic() + LEAD_S
         traffic = asyncio.create_task(
             replay(
@@ -150,6 +153,7 @@ async def run_arm(
             if not traffic.done():
                 traffic.cancel()
         samples = traffic.result()
+        cpu_after = processes.cpu_seconds()
         await starting
         end = start + (requests[-1].at_s if requests else 0.0)
         return RunRecord(
@@ -160,6 +164,7 @@ async def run_arm(
             newcomer=newcomer.name,
             samples=samples,
             warm_tokens=_warm_tokens(readings, samples, newcomer.name),
+            cpu_s={name: used - cpu_before.get(name, 0.0) for name, used in cpu_after.items()},
         )
 
 

@@ -22,6 +22,7 @@ from warmplane.services.devstack.fleet import Fleet
 from warmplane.services.warmer.replica_driver import ReplicaDriver
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.events import FleetScaled
+from warmplane.shared.group_consumer import group_consumer
 from warmplane.shared.settings import KafkaSettings
 from warmplane.shared.topics import Topics
 
@@ -41,16 +42,11 @@ class DevAutoscaler:
 
     async def __aenter__(self) -> Self:
         kafka = self._kafka
-        consumer = AIOKafkaConsumer(
+        consumer = group_consumer(
+            kafka,
             Topics(kafka.topic_prefix).lifecycle,
-            bootstrap_servers=kafka.bootstrap_servers,
-            client_id=f"{kafka.client_id}-dev-autoscaler",
+            name="dev-autoscaler",
             group_id=f"warmplane-dev-autoscaler-{uuid.uuid4().hex[:8]}",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",  # a new broker: every event on it is this stack's
-            session_timeout_ms=kafka.session_timeout_ms,
-            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-            request_timeout_ms=max(kafka.request_timeout_ms, kafka.session_timeout_ms + 1),
         )
         await consumer.start()
         self._consumer = consumer

@@ -24,10 +24,10 @@ from warmplane.services.gateway.tenants import EpochBook
 from warmplane.shared.codec import DecodeFailure, EventCodec
 from warmplane.shared.event_signing import EventSigner
 from warmplane.shared.events import EpochBumped
+from warmplane.shared.group_consumer import group_consumer
 from warmplane.shared.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
-_FETCH_WAIT_MS = 50
 
 
 class LifecycleFollower:
@@ -59,18 +59,7 @@ class LifecycleFollower:
     async def start(self) -> None:
         """Connect and start reading in the background. Raises what aiokafka raises if the broker is down."""
         kafka = self._kafka
-        consumer = AIOKafkaConsumer(
-            self._topic,
-            bootstrap_servers=kafka.bootstrap_servers,
-            client_id=f"{kafka.client_id}-{self._group_id}",
-            group_id=self._group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            session_timeout_ms=kafka.session_timeout_ms,
-            heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-            request_timeout_ms=max(kafka.request_timeout_ms, kafka.session_timeout_ms + 1),
-            fetch_max_wait_ms=_FETCH_WAIT_MS,
-        )
+        consumer = group_consumer(kafka, self._topic, name=self._group_id, group_id=self._group_id)
         await consumer.start()
         self._consumer = consumer
         self._task = asyncio.create_task(self._run(consumer), name="gateway lifecycle follower")

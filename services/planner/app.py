@@ -109,7 +109,7 @@ def build_planner(settings: PlannerSettings) -> Planner:
         ack_policy=AckPolicy.MANUAL,
         max_records=settings.ingest.batch_max_records,
         batch_timeout_ms=settings.ingest.batch_timeout_ms,
-        fetch_max_wait_ms=settings.ingest.fetch_max_wait_ms,
+        fetch_max_wait_ms=kafka.fetch_max_wait_ms,
         max_partition_fetch_bytes=settings.ingest.max_partition_fetch_bytes,
         session_timeout_ms=kafka.session_timeout_ms,
         heartbeat_interval_ms=kafka.heartbeat_interval_ms,

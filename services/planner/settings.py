@@ -28,9 +28,6 @@ class IngestSettings(BaseModel):
     at a quiet time a batch holds what one fetch brings."""
     batch_timeout_ms: Positive = 100
     """How long a batch waits to fill before it is folded with what it holds."""
-    fetch_max_wait_ms: Positive = 50
-    """How long the broker may hold a fetch with nothing to return: bounds how late a lifecycle event is
-    seen (and so a starting replica's plan) when traffic is quiet."""
     max_partition_fetch_bytes: Positive = 4 * 1024 * 1024
     """Most bytes one fetch brings from one partition."""
     bucket_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60

@@ -38,12 +38,12 @@ from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.event_publisher import KafkaEventPublisher, acknowledging_producer
 from warmplane.shared.event_signing import EventSigner
 from warmplane.shared.events import Event, WarmPlanIssued
+from warmplane.shared.group_consumer import group_consumer
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.topics import Topics
 
 log = logging.getLogger(__name__)
 _BACKOFF_MAX_S = 5.0
-_PLAN_FETCH_WAIT_MS = 20
 _OUTBOX_CHUNK = 500
 
 
@@ -103,18 +103,11 @@ class Warmer:
             dead_letters = KafkaDeadLetterSink(
                 producer, self._topics.dead_letter, f"warmer/{self.node}", kafka.commit_timeout_s
             )
-            consumer = AIOKafkaConsumer(
+            consumer = group_consumer(
+                kafka,
                 self._topics.plans,
-                bootstrap_servers=kafka.bootstrap_servers,
-                client_id=f"{kafka.client_id}-warmer-{self.node}",
+                name=f"warmer-{self.node}",
                 group_id=f"{self.settings.group_id_prefix}-{self.node}",
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",
-                session_timeout_ms=kafka.session_timeout_ms,
-                heartbeat_interval_ms=kafka.heartbeat_interval_ms,
-                request_timeout_ms=max(kafka.request_timeout_ms, kafka.session_timeout_ms + 1),
-                # Plans are few and late ones cost a replica's warm-up: poll often rather than wait long.
-                fetch_max_wait_ms=_PLAN_FETCH_WAIT_MS,
             )
             await consumer.start()
             self._stack.push_async_callback(consumer.stop)
