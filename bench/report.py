@@ -87,7 +87,7 @@ BENCHES = (
     Bench("epoch", "bench.epoch_bench", 0.5, 10,  # measured
           "--bumps 20 --warmers 4 --gateways 4 --conversations 32",
           "Epoch propagation to every warmer and gateway"),
-    Bench("broker_poll", "bench.broker_poll_bench", 5, 15,  # measured: 4.7 min
+    Bench("broker_poll", "bench.broker_poll_bench", 4, 15,  # measured: 232 s
           "--runs 3 --waits 100 250 500 --warmers 2",
           "The control plane's consumers at rest: broker CPU and a hop's time, by fetch wait"),
     Bench("plan_scale", "bench.plan_scale_bench", 0.2, 10,  # measured
