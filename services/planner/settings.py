@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -146,6 +146,11 @@ class RingSettings(BaseModel):
     """Points each replica has on the ring."""
     load_factor: Annotated[float, Field(ge=1)] = 1.25
     """Bounded load, ring points."""
+    mode: Literal["ring", "spread"] = "ring"
+    """`ring`: requests are routed by Warmplane's gateway (or a router keyed as it is), so each replica is
+    planned for the prefixes its share of the ring sends it. `spread`: the team's own router (vllm-router,
+    production-stack, llm-d, round robin) decides, so each replica is planned for its weight share of every
+    prefix's traffic: the fleet's most reused prefixes, alike on every replica. The planner's alone."""
 
 
 class ColdStartSettings(BaseModel):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -48,14 +48,18 @@ class ItemResult:
 
 
 class SaltBook:
-    """The `cache_salt` of each (tenant, model, epoch), from the tenants' secrets; None for an unknown
-    tenant (its items fail: a warm under any other salt would land where its traffic never reads)."""
+    """The `cache_salt` of each (tenant, model, epoch), from the tenants' secrets; "" (warm without a salt)
+    for an `unsalted` tenant, whose traffic reaches the engine with none; None for any other tenant (its
+    items fail: a warm under any other salt would land where its traffic never reads)."""
 
-    def __init__(self, secrets: dict[str, SecretStr]) -> None:
+    def __init__(self, secrets: dict[str, SecretStr], unsalted: Collection[str] = ()) -> None:
         self._secrets = secrets
+        self._unsalted = frozenset(unsalted)
         self._salts: dict[tuple[str, str, int], str] = {}
 
     def salt(self, tenant: str, model: str, epoch: int) -> str | None:
+        if tenant in self._unsalted:
+            return ""
         key = (tenant, model, epoch)
         if key not in self._salts:
             secret = self._secrets.get(tenant)

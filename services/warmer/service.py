@@ -66,7 +66,7 @@ class Warmer:
         self._codec = EventCodec(settings.kafka.max_event_bytes)
         self._signer = EventSigner(settings.event_keys)
         """Signs what this warmer publishes; plans not signed by a shared key are dead-lettered."""
-        self._salts = SaltBook(settings.tenant_secrets)
+        self._salts = SaltBook(settings.tenant_secrets, settings.unsalted_tenants)
         self._outbox: asyncio.Queue[Event] = asyncio.Queue()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stack = contextlib.AsyncExitStack()
@@ -97,6 +97,13 @@ class Warmer:
             await producer.start()
             self._stack.push_async_callback(producer.stop)
             self._signer.say_if_off(f"warmer {self.node}")
+            if unsalted := self.settings.unsalted_tenants:
+                log.warning(
+                    "warmer %s warms tenants %s without a cache_salt: their KV blocks are not isolated from"
+                    " other unsalted traffic on the engine (WARMPLANE_UNSALTED_TENANTS)",
+                    self.node,
+                    sorted(unsalted),
+                )
             publisher = KafkaEventPublisher(
                 producer, self._topics, self._codec, self.settings.warm.publish_timeout_s, self._signer
             )

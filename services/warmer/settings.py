@@ -104,7 +104,14 @@ class WarmerSettings(WarmplaneSettings):
     """JSON list of `{"replica", "url", "served_model", "model_revision", "block_size"}`, and the engine's KV
     events: `"kv_events_endpoint"`, `"kv_events_replay_endpoint"` (below)."""
     tenant_secrets: dict[str, SecretStr] = Field(default_factory=dict)
-    """Each tenant's cache-salt secret, shared with the gateway; a tenant without one is never warmed."""
+    """Each tenant's cache-salt secret, shared with the gateway; a tenant without one is never warmed
+    (unless it is unsalted)."""
+    unsalted_tenants: list[Name] = Field(default_factory=list)
+    """Tenants whose requests reach the engines without a `cache_salt`: a router of the team's own that adds
+    none, clients that send none. Their prefixes are warmed without a salt, where their traffic reads. What
+    it gives up: their KV blocks are shared with every other unsalted request for the same prefix on the
+    engine (no tenant isolation of KV blocks). Warmplane's gateway always salts: leave this empty behind it.
+    Logged at start."""
     group_id_prefix: Annotated[str, Field(min_length=1)] = "warmplane-warmer"
     """The node's plans consumer group is `<prefix>-<node>`."""
     warm: WarmSettings = WarmSettings()
@@ -112,6 +119,13 @@ class WarmerSettings(WarmplaneSettings):
     http_host: str = "0.0.0.0"  # noqa: S104 - a readiness probe reaches the pod from outside it
     http_port: Annotated[int, Field(ge=0, le=65_535)] = 8090
     """Port of `/ready`, `/status`, `/healthz` and `/metrics`; 0 picks a free one."""
+
+    @model_validator(mode="after")
+    def _salted_or_not(self) -> Self:
+        both = sorted(set(self.unsalted_tenants) & set(self.tenant_secrets))
+        if both:
+            raise ValueError(f"tenants {both} have a salt secret and are unsalted: which is it?")
+        return self
 
     @model_validator(mode="after")
     def _distinct_replicas(self) -> Self:

@@ -203,10 +203,11 @@ class VllmEngineClient:
             "max_tokens": 1,
             "temperature": 0.0,
             "stream": False,
-            "cache_salt": cache_salt,
             "priority": priority,
             "return_token_ids": True,
         }
+        if cache_salt:  # "" warms where unsalted traffic reads (vLLM refuses an empty salt)
+            common["cache_salt"] = cache_salt
         if payload.messages is not None:
             chat = {"messages": payload.messages, **_RENDER_AS_COMPLETE_TURN}
             return "/v1/chat/completions", common | chat

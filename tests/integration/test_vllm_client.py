@@ -125,6 +125,21 @@ async def test_another_tenants_salt_finds_nothing(
     assert _cached(same_tenant) == BLOCK_SIZE * (warmed.prompt_tokens // BLOCK_SIZE)
 
 
+async def test_an_unsalted_warm_serves_unsalted_traffic_and_no_salted_tenant(
+    vllm_engine: EmbeddedVllm, client: VllmEngineClient, rng: random.Random, secret: bytes
+) -> None:
+    """`WARMPLANE_UNSALTED_TENANTS`: behind a router that adds no salt, the warm must carry none either."""
+    conversation = _conversation(rng)
+    payload = PrefixPayload(prefix_id=1, messages=conversation)
+    warmed = await client.warm(payload, cache_salt="")
+    real_turn = [*conversation, {"role": "user", "content": _words(rng, 20)}]
+
+    salted = await real_chat(vllm_engine, real_turn, _salt("tenant-a", vllm_engine, secret))
+    unsalted = await real_chat(vllm_engine, real_turn, None)
+    assert _cached(salted) == 0
+    assert _cached(unsalted) == BLOCK_SIZE * (warmed.prompt_tokens // BLOCK_SIZE) > 0
+
+
 async def test_completions_warm_with_token_ids_is_verified_by_probe(
     vllm_engine: EmbeddedVllm, client: VllmEngineClient, rng: random.Random, secret: bytes
 ) -> None:

@@ -89,9 +89,12 @@ def engine_settings(engine: EmbeddedVllm, replica: str) -> EngineSettings:
     )
 
 
-async def real_chat(engine: EmbeddedVllm, messages: list[Message], cache_salt: str) -> dict[str, Any]:
-    """A chat request as real traffic sends it (with the generation prompt); its usage."""
-    body = {"model": engine.model_name, "messages": messages, "max_tokens": 1, "cache_salt": cache_salt}
+async def real_chat(engine: EmbeddedVllm, messages: list[Message], cache_salt: str | None) -> dict[str, Any]:
+    """A chat request as real traffic sends it (with the generation prompt, with no salt for None); its
+    usage."""
+    body: dict[str, Any] = {"model": engine.model_name, "messages": messages, "max_tokens": 1}
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
     async with httpx.AsyncClient(base_url=engine.base_url, timeout=60.0) as http:
         response = await http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text

@@ -101,8 +101,9 @@ def test_the_compose_gateway_is_valid_gateway_settings(monkeypatch: pytest.Monke
     assert "key-1" not in repr(settings) and "tenant-secret" not in repr(settings)
 
 
-def test_the_image_installs_what_the_package_links() -> None:
+def test_the_image_installs_what_the_package_links_with_the_services_dependencies() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "pip install --no-cache-dir '.[services]'" in dockerfile, "the light package alone runs no service"
     for linked in (ROOT / "src" / "warmplane").iterdir():
         if linked.is_symlink():
             assert f"COPY {linked.name} " in dockerfile, f"the image misses {linked.name}/"

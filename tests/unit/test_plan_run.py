@@ -326,3 +326,11 @@ def test_salts_come_from_the_tenants_secret_and_an_unknown_or_empty_one_gives_no
     assert book.salt("acme", MODEL.name, EPOCH + 1) != salt("acme")
     assert book.salt("blank", MODEL.name, EPOCH) is None
     assert book.salt("ghost", MODEL.name, EPOCH) is None
+
+
+def test_an_unsalted_tenant_is_warmed_without_a_salt_and_the_others_keep_theirs() -> None:
+    book = SaltBook(SECRETS, unsalted=["open"])
+
+    assert book.salt("open", MODEL.name, EPOCH) == ""
+    assert book.salt("acme", MODEL.name, EPOCH) == salt("acme")
+    assert book.salt("ghost", MODEL.name, EPOCH) is None

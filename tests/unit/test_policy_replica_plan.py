@@ -187,3 +187,32 @@ def test_warm_sets_keep_the_budget_the_chain_order_the_share_and_skip_what_is_he
     assert seen <= ancestors
     if max_items is not None:
         assert len(chosen_renderable) <= max_items
+
+
+def test_spread_plans_every_replica_for_its_share_of_every_prefix() -> None:
+    """A router that is not the ring: each replica gets the fleet's hot prefixes, whoever the ring's owner,
+    each scored at the replica's weight share of its traffic."""
+    roots = list(range(1, 41))
+    prefixes = [StoredPrefix(root, None, 64) for root in roots]
+    counts = [LeafCount(root, 290.0, 3) for root in roots]
+    trie, _ = trie_from_counts(prefixes, counts, 300.0, 60.0)
+    members = ["a", "b", "c"]
+    common = {"members": members, "budget": WarmBudget(10_000), "kv_capacity_tokens": None, "knobs": KNOBS}
+    by_ring = {
+        replica: choose_for_replica(trie, 300.0, replica=replica, ring=RingSpec(), **common)[0]  # type: ignore[arg-type]
+        for replica in members
+    }
+    spread = {
+        replica: choose_for_replica(trie, 300.0, replica=replica, ring=RingSpec(spread=True), **common)[0]  # type: ignore[arg-type]
+        for replica in members
+    }
+    # The ring splits the roots between the replicas; spread gives each of them every root.
+    assert sorted(i.prefix_id for items in by_ring.values() for i in items) == roots
+    for items in spread.values():
+        assert sorted(item.prefix_id for item in items) == roots
+    rate = trie.rate(1, 300.0)
+    [owner] = [replica for replica, items in by_ring.items() if any(i.prefix_id == 1 for i in items)]
+    owned = next(i for i in by_ring[owner] if i.prefix_id == 1)
+    shared = next(i for i in spread[owner] if i.prefix_id == 1)
+    assert math.isclose(owned.reuse_probability, reuse_probability(rate, 300.0))
+    assert math.isclose(shared.reuse_probability, reuse_probability(rate / 3, 300.0))

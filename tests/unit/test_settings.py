@@ -14,6 +14,7 @@ from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.planner.policy import PolicyKnobs
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
 from warmplane.services.planner.trace_eval.params import EvalParams
+from warmplane.services.warmer.settings import WarmerSettings
 from warmplane.shared.settings import (
     RENAMED,
     PostgresSettings,
@@ -132,6 +133,33 @@ def test_the_new_names_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
     assert list(load_settings(GatewaySettings).tenant_keys) == ["acme"]
     assert [caller.name for caller in load_settings(ApiSettings).api_callers] == ["ci"]
     assert load_settings(ApiClientSettings).cli_token.get_secret_value() == "0123456789abcdefg"
+
+
+def test_the_fetch_wait_is_every_consumers_and_the_planner_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMPLANE_KAFKA__FETCH_MAX_WAIT_MS", "250")
+    assert load_settings(PlannerSettings).kafka.fetch_max_wait_ms == 250
+    assert load_settings(GatewaySettings).kafka.fetch_max_wait_ms == 250
+
+
+def test_a_tenant_is_salted_or_unsalted_on_a_warmer_never_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMPLANE_NODE", "node-0")
+    monkeypatch.setenv("WARMPLANE_UNSALTED_TENANTS", '["open", "acme"]')
+    monkeypatch.setenv("WARMPLANE_TENANT_SECRETS", '{"acme": "salt-secret"}')
+    with pytest.raises(SettingsError, match=r"\['acme'\] have a salt secret and are unsalted"):
+        load_settings(WarmerSettings)
+    monkeypatch.setenv("WARMPLANE_TENANT_SECRETS", '{"globex": "salt-secret"}')
+    assert load_settings(WarmerSettings).unsalted_tenants == ["open", "acme"]
+
+
+def test_the_planner_plans_for_a_router_that_is_not_its_ring_when_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert load_settings(PlannerSettings).routing.mode == "ring"
+    monkeypatch.setenv("WARMPLANE_ROUTING__MODE", "spread")
+    assert load_settings(PlannerSettings).routing.mode == "spread"
+    monkeypatch.setenv("WARMPLANE_ROUTING__MODE", "llm-d")
+    with pytest.raises(SettingsError, match="WARMPLANE_ROUTING__MODE"):
+        load_settings(PlannerSettings)
 
 
 def test_an_unparsable_section_fails_fast_naming_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -58,6 +58,19 @@ async def test_chat_warm_renders_a_complete_turn_at_warm_priority() -> None:
     assert (completions["prompt"], completions["priority"]) == ([5, 6, 7], 3)
 
 
+async def test_an_empty_salt_is_left_out_of_the_request() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json=_USAGE)
+
+    async with _client(handler) as client:
+        await client.warm(CHAT, cache_salt="")
+    [body] = seen
+    assert "cache_salt" not in body
+
+
 async def test_missing_cached_tokens_count_as_zero() -> None:
     async with _client(lambda _: httpx.Response(200, json={"usage": {"prompt_tokens": 9}})) as client:
         assert await client.probe(CHAT, cache_salt="s") == 0

@@ -11,6 +11,7 @@ through the same two functions, so what it measures is what the planner issues.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,10 @@ class LeafCount:
     requests: int
 
 
+SPREAD_DEPTH = sys.maxsize
+"""A routing depth no chain reaches: every prefix lies above it, in every replica's share."""
+
+
 @dataclass(frozen=True, slots=True)
 class RingSpec:
     """How the gateway builds its ring and keys requests (its `WARMPLANE_ROUTING__*`): the planner must
@@ -47,6 +52,15 @@ class RingSpec:
     depth: int = 0
     vnodes: int = 128
     load_factor: float = 1.25
+    spread: bool = False
+    """The router is not this ring (round robin, least load, or a prefix hash of its own the planner cannot
+    reproduce): each replica is planned for its weight share of every prefix's traffic, as if requests
+    reached it at random, so replicas of a model get alike plans of the fleet's most reused prefixes."""
+
+    @property
+    def share_depth(self) -> int:
+        """The routing depth a replica's share is taken at: spread, past every chain (all prefixes shared)."""
+        return SPREAD_DEPTH if self.spread else self.depth
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +246,7 @@ def choose_for_replicas(
         trie,
         now,
         ring=hash_ring,
-        routing_depth=ring.depth,
+        routing_depth=ring.share_depth,
         limits=limits,
         ramp_window_s=knobs.ramp_window_s,
         min_reuse_probability=knobs.min_reuse_probability,

@@ -4,7 +4,9 @@
 `top-50` (the planner's simple policy: requests x tokens over the history, 50 items); `peer-copy` (the
 most recent blocks of the replica the newcomer takes most traffic from); `warmplane` (the planner's own
 path: the history bucketed as the planner stores it, then `policy.trie_from_counts` and
-`policy.choose_for_replica`). All but the seed replay are held to `EvalParams.limit_tokens`.
+`policy.choose_for_replica`); `warmplane-spread` (the same, planned for a router that is not the ring,
+`WARMPLANE_ROUTING__MODE=spread`, and then routed by the ring). All but the seed replay are held to
+`EvalParams.limit_tokens`.
 """
 
 from __future__ import annotations
@@ -157,15 +159,16 @@ def warmplane_at(setup: Setup, min_reuse: float) -> WarmBlocks:
     return [(item.prefix_id, item.cost_tokens) for item in warmplane_decision(setup, min_reuse).items]
 
 
-def warmplane_decision(setup: Setup, min_reuse: float) -> WarmDecision:
-    """`warmplane_at`'s decision: the items, or none and why."""
+def warmplane_decision(setup: Setup, min_reuse: float, *, spread: bool = False) -> WarmDecision:
+    """`warmplane_at`'s decision: the items, or none and why. `spread` plans as the planner does for a
+    router that is not its ring (`WARMPLANE_ROUTING__MODE=spread`)."""
     params, view = setup.params, setup.planner
     items, _limit = choose_for_replica(
         view.trie,
         setup.join_t,
         replica=NEW,
         members=view.members,
-        ring=view.ring,
+        ring=replace(view.ring, spread=spread),
         budget=WarmBudget(tokens=params.limit_tokens),
         kv_capacity_tokens=params.capacity_blocks * params.block_tokens,
         knobs=replace(view.knobs, min_reuse_probability=min_reuse),
@@ -186,6 +189,11 @@ POLICIES: dict[str, Callable[[Setup], WarmBlocks]] = {
     "top-50": top_50,
     "peer-copy": peer_copy,
     "warmplane": warmplane,
+    # Planned without knowing the ring, routed by it: what not knowing the router costs.
+    "warmplane-spread": lambda setup: [
+        (item.prefix_id, item.cost_tokens)
+        for item in warmplane_decision(setup, setup.params.min_reuse, spread=True).items
+    ],
 }
 
 
