@@ -28,6 +28,7 @@ from warmplane.services.cli.api_client import ApiClientSettings
 from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.services.warmer.settings import WarmerSettings
+from warmplane.shared.vllm_middleware import VllmEventSettings
 
 SERVICES: dict[str, type[BaseSettings]] = {
     "planner": PlannerSettings,
@@ -35,6 +36,7 @@ SERVICES: dict[str, type[BaseSettings]] = {
     "gateway": GatewaySettings,
     "api": ApiSettings,
     "cli (the API commands)": ApiClientSettings,
+    "vllm middleware (read by `vllm serve --middleware`)": VllmEventSettings,
 }
 _HEAD = """# Settings reference
 

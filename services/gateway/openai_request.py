@@ -15,7 +15,8 @@ import msgspec
 
 from warmplane.services.gateway.errors import ApiError, bad_request
 from warmplane.shared.events import PrefixPayload
-from warmplane.shared.prefix_chain import Namespace, PrefixChain, chat_chain, text_chain, token_chain
+from warmplane.shared.prefix_chain import Namespace, PrefixChain
+from warmplane.shared.request_events import first_prompt, openai_chain
 
 Kind = Literal["chat", "completions"]
 PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -38,11 +39,7 @@ class ClientRequest:
     @property
     def prompt(self) -> str | list[int]:
         """The (first) completions prompt, for chains and payloads."""
-        prompt = self.body["prompt"]
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-            first: str | list[int] = prompt[0]
-            return first
-        return prompt  # type: ignore[no-any-return]
+        return first_prompt(self.body["prompt"])
 
 
 def decode(raw: bytes, kind: Kind) -> ClientRequest:
@@ -134,12 +131,7 @@ def upstream_body(request: ClientRequest, cache_salt: str, priority: int) -> byt
 
 def chain_of(request: ClientRequest, namespace: Namespace) -> PrefixChain:
     """The request's prefix chain (`shared/prefix_chain.py`); token counts are estimates for text."""
-    if request.kind == "chat":
-        return chat_chain(namespace, request.body["messages"])
-    prompt = request.prompt
-    if isinstance(prompt, str):
-        return text_chain(namespace, prompt)
-    return token_chain(namespace, prompt)
+    return openai_chain(request.kind, request.body, namespace)
 
 
 def payload_of(request: ClientRequest, prefix_id: int) -> PrefixPayload:

@@ -28,7 +28,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import ClassVar
@@ -163,6 +163,7 @@ class EmbeddedVllm(EmbeddedPart):
         kv_cache_space_gib: int = 1,
         extra_args: Sequence[str] = (),
         kv_events: bool = False,
+        extra_env: Mapping[str, str] | None = None,
         port: int | None = None,
         start_timeout_s: float = 300.0,
         stop_timeout_s: float = 15.0,
@@ -181,6 +182,8 @@ class EmbeddedVllm(EmbeddedPart):
         self.kv_cache_space_gib = kv_cache_space_gib
         self.extra_args = tuple(extra_args)
         self.kv_events = kv_events
+        self.extra_env = dict(extra_env or {})
+        """Set for the server last, over the rest (a middleware's `PYTHONPATH` and `WARMPLANE_*` settings)."""
         if len(str(self.ipc_dir)) > _MAX_IPC_DIR:
             raise ValueError(
                 f"the temp folder {tempfile.gettempdir()} is too long for vLLM's IPC socket paths: set TMPDIR"
@@ -271,6 +274,7 @@ class EmbeddedVllm(EmbeddedPart):
         )
         if self.omp_threads_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = str(self.omp_threads_bind)
+        env.update(self.extra_env)
         return env
 
     def _spawn(self, deadline: float) -> subprocess.Popen[bytes]:

@@ -20,6 +20,7 @@ import asyncpg
 import pytest
 from pydantic import SecretStr
 
+from tests.integration.light_install import BesideVllm, build_wheel, install_beside_vllm
 from warmplane.services.planner.settings import IngestSettings, PlannerSettings, PlanSettings
 from warmplane.shared import migrate
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedRedis
@@ -135,3 +136,17 @@ def own_engine() -> Iterator[EmbeddedVllm]:
         EmbeddedVllm(workdir, ensure_tiny_model(), omp_threads_bind=1) as engine,
     ):
         yield engine
+
+
+@pytest.fixture(scope="session")
+def light_wheel(pytestconfig: pytest.Config) -> Iterator[Path]:
+    """The light distribution's wheel, built from this checkout once per session."""
+    with _workdir("wheel") as workdir:
+        yield build_wheel(pytestconfig.rootpath, workdir)
+
+
+@pytest.fixture(scope="session")
+def light_beside_vllm(light_wheel: Path) -> Iterator[BesideVllm]:
+    """The light distribution installed for the vLLM environment's interpreter (`light_install.py`)."""
+    with _workdir("beside-vllm") as workdir:
+        yield install_beside_vllm(light_wheel, workdir / "site")

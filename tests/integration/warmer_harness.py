@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
 import httpx
 from pydantic import SecretStr
 
@@ -18,6 +19,7 @@ from warmplane.services.warmer.settings import (
     WarmerSettings,
     WarmSettings,
 )
+from warmplane.services.warmer.vllm_client import VllmEngineClient
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm
 from warmplane.shared.events import PrefixPayload, RequestObserved
 from warmplane.shared.settings import KafkaSettings
@@ -111,6 +113,25 @@ async def status_code(port: int, path: str) -> int:
     """The status code of GET `path` on the warmer listening on `port`."""
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5.0) as http:
         return (await http.get(path)).status_code
+
+
+async def counted(dsn: str, expected: int) -> bool:
+    """Whether the planner's statistics count `expected` requests in all."""
+    db = await asyncpg.connect(dsn)
+    try:
+        total = await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_stats")
+    finally:
+        await db.close()
+    return bool(total == expected)
+
+
+async def full_blocks(engine: EmbeddedVllm, messages: list[Message]) -> int:
+    """Tokens in the whole blocks of the warm rendering of `messages` (what a real request reuses)."""
+    async with VllmEngineClient(
+        engine.base_url, engine.model_name, connect_timeout_s=5, request_timeout_s=30
+    ) as client:
+        tokens = await client.tokenize(PrefixPayload(prefix_id=0, messages=messages))
+    return BLOCK_SIZE * (len(tokens) // BLOCK_SIZE)
 
 
 async def wait_for(check: Callable[[], bool], *, timeout_s: float, what: str) -> None:

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warmplane.services.gateway.membership import Replica, ReplicaTable, static_membership
-from warmplane.services.gateway.observations import PayloadMemory, cacheable, resident_depth, scaled_tokens
 from warmplane.services.gateway.router import Router
 from warmplane.services.gateway.settings import RoutingSettings
 from warmplane.services.gateway.sse_relay import Fingerprint, SseRelay
@@ -24,6 +23,7 @@ from warmplane.shared.events import (
     ReplicaStarted,
     ReplicaStopped,
 )
+from warmplane.shared.request_events import PayloadMemory, cacheable, resident_depth, scaled_tokens
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
