@@ -13,8 +13,10 @@ on Warmplane's own recorded request events. `--replicas` replicas serve the trac
 `top-50` (the planner's current simple policy: requests x tokens over the history, 50 items);
 `peer-copy` (the most recent blocks of the replica the newcomer takes most traffic from); `warmplane`
 (the planner's own path: the history before the join bucketed as the planner stores it, then
-`policy.trie_from_counts` and `policy.choose_for_replica`). All but the seed replay are held
-to the same token limit: `--capacity-fraction` of the replica's KV capacity.
+`policy.trie_from_counts` and `policy.choose_for_replica`); `warmplane-spread` (the same, planned as for a
+router that is not the ring, `WARMPLANE_ROUTING__MODE=spread`, then routed by the ring: what not knowing the
+router costs). All but the seed replay are held to the same token limit: `--capacity-fraction` of the
+replica's KV capacity.
 
 Per policy, for the new replica: the prefix hit ratio (cached blocks / prompt blocks) in its first minute,
 first 5 minutes and everything after the join; requests with no cached block in the first 5 minutes;
