@@ -193,6 +193,7 @@ class _Answer:
         self._streaming = False
         self._whole: list[bytes] = []
         self._tail = b""
+        self._usage_line = b""
 
     async def send(self, message: Message) -> None:
         await self._send(message)
@@ -214,6 +215,10 @@ class _Answer:
             self.ttft_s = time.monotonic() - self._started
         if self._streaming:
             self._scan(chunk)
+            if not message.get("more_body", False) and self._usage_line:
+                event = _decoder.decode(self._usage_line[len(b"data: ") :])
+                usage = event.get("usage") if isinstance(event, dict) else None
+                self.usage = usage if isinstance(usage, dict) else None
         else:
             self._whole.append(chunk)
             if not message.get("more_body", False):
@@ -223,14 +228,13 @@ class _Answer:
                 self.usage = usage if isinstance(usage, dict) else None
 
     def _scan(self, chunk: bytes) -> None:
+        """Keep the last event line with usage (decoded once, at the end: with vLLM's continuous usage
+        statistics every chunk carries the figures so far)."""
         lines = (self._tail + chunk).split(b"\n")
         self._tail = lines.pop()
         for line in lines:
             if line.startswith(b"data: {") and _USAGE in line and not any(n in line for n in _NO_USAGE):
-                event = _decoder.decode(line[len(b"data: ") :])
-                usage = event.get("usage") if isinstance(event, dict) else None
-                if isinstance(usage, dict):
-                    self.usage = usage
+                self._usage_line = line
 
 
 async def _read_body(receive: Receive, limit: int) -> tuple[list[Message], bytes | None]:

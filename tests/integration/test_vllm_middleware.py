@@ -76,7 +76,8 @@ async def _chat(engine: EmbeddedVllm, messages: list[Message], *, stream: bool) 
         usage: dict[str, Any] = response.json()["usage"]
         return usage
     chunks = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
-    [usage] = [chunk["usage"] for chunk in chunks if chunk.get("usage")]
+    usage = [chunk["usage"] for chunk in chunks if chunk.get("usage")][-1]  # the figures so far, per chunk
+    assert isinstance(usage, dict)
     return usage
 
 

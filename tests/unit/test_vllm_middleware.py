@@ -206,3 +206,19 @@ async def test_other_routes_pass_through_and_shutdown_flushes_the_emitter() -> N
     await middleware({"type": "lifespan"}, shutdown, ignore)
     assert seen == ["/v1/models", "/v1/chat/completions", "lifespan.shutdown"]
     assert (outlet.started, outlet.closed) == (1, 1)
+
+
+async def test_continuous_usage_in_every_chunk_makes_one_observation() -> None:
+    """`--enable-force-include-usage`: vLLM puts the figures so far in every chunk; one event comes of it."""
+    lines = [
+        json.dumps(
+            {"choices": [{"delta": {"content": "x"}}], "usage": usage(64, 32) | {"completion_tokens": i}}
+        )
+        for i in range(1, 4)
+    ]
+    stream = "".join(f"data: {line}\n\n" for line in lines).encode() + b"data: [DONE]\n\n"
+    outlet = Outlet()
+    middleware = WarmplaneEvents(Engine(chunks=[stream[:50], stream[50:]], stream=True), settings(), outlet)
+    await call(middleware, {**CHAT, "stream": True})
+    [observed] = [e for e in outlet.events if isinstance(e, RequestObserved)]
+    assert (observed.prompt_tokens, observed.cached_tokens) == (64, 32)
