@@ -189,7 +189,9 @@ async def test_a_stream_through_the_gateway_is_what_the_engine_streams_directly(
         assert through.headers["content-type"] == straight.headers["content-type"]
         ours = stream_summary(through.content)
         assert ours == theirs
-        assert ours["text"][0] and ours["finish"] == {0: "length"} and ours["terminator"] == "[DONE]"
+        # All 24 tokens were generated ("length"); the tiny random model's tokens may decode to no text at all
+        # (a clean-clone CI run saw it), which the comparison with the engine's own stream above covers.
+        assert ours["finish"] == {0: "length"} and ours["terminator"] == "[DONE]"
         assert any("usage" in keys for keys in ours["last"]) == include_usage
         assert fingerprints(through.content) == fingerprints(straight.content) != []
 
