@@ -55,6 +55,8 @@ Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+MAX_NAME = 128
+"""The longest tenant or producer name an event carries (`events.Name`)."""
 _decoder = msgspec.json.Decoder()
 _USAGE = b'"usage"'
 _NO_USAGE = (b'"usage":null', b'"usage": null')
@@ -64,9 +66,9 @@ class VllmEventSettings(WarmplaneSettings):
     """What the middleware reads from the vLLM server's environment (`WARMPLANE_*`), beside the broker's
     settings (`WARMPLANE_KAFKA__*`) and the event keys."""
 
-    replica: str = Field("", max_length=128)
+    replica: str = Field("", max_length=MAX_NAME)
     """This engine's replica name, as its warmer announces it; empty: the host name (a pod's name)."""
-    tenant: str = Field("default", min_length=1, max_length=128)
+    tenant: str = Field("default", min_length=1, max_length=MAX_NAME)
     """The tenant requests are counted for. With `WARMPLANE_UNSALTED_TENANTS` on the warmer it is warmed
     without a salt, as this traffic arrives."""
     tenant_header: str = ""
@@ -145,6 +147,9 @@ class WarmplaneEvents:
             self.unobserved += 1
             return
         tenant = self._tenant(scope)
+        if tenant is None:
+            self.unobserved += 1
+            return
         settings = self.settings
         chain = openai_chain(kind, request, Namespace(tenant, request["model"]))
         prompt_tokens, cached = counts
@@ -162,7 +167,7 @@ class WarmplaneEvents:
         )
         events = observed_events(
             seen,
-            producer=f"vllm/{self._replica}",
+            producer=f"vllm/{self._replica}"[:MAX_NAME],
             block_size=settings.block_size,
             at=datetime.now(UTC),
             new_id=new_event_id,
@@ -171,12 +176,14 @@ class WarmplaneEvents:
             if event is not None:
                 self._emitter.emit(event)  # never blocks or raises; drops are counted by the emitter
 
-    def _tenant(self, scope: Scope) -> str:
+    def _tenant(self, scope: Scope) -> str | None:
+        """The request's tenant; None for a header naming one longer than an event may carry."""
         header = self.settings.tenant_header.lower().encode()
         if header:
             for name, value in scope.get("headers", ()):
                 if name == header and value:
-                    return bytes(value).decode("latin-1")
+                    tenant = bytes(value).decode("latin-1")
+                    return tenant if len(tenant) <= MAX_NAME else None
         return self.settings.tenant
 
 

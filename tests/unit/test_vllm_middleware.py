@@ -183,8 +183,10 @@ async def test_the_tenant_comes_from_the_trusted_header_only_when_one_is_named()
     headers = [(b"x-tenant", b"globex")]
     await call(WarmplaneEvents(Engine(), settings(tenant_header="X-Tenant"), outlet), CHAT, headers=headers)
     await call(WarmplaneEvents(Engine(), settings(tenant="acme"), outlet), CHAT, headers=headers)
+    too_long = WarmplaneEvents(Engine(), settings(tenant_header="X-Tenant"), outlet)
+    await call(too_long, CHAT, headers=[(b"x-tenant", b"t" * 129)])
     tenants = [e.tenant for e in outlet.events if isinstance(e, RequestObserved)]
-    assert tenants == ["globex", "acme"]
+    assert tenants == ["globex", "acme"] and too_long.unobserved == 1
 
 
 async def test_other_routes_pass_through_and_shutdown_flushes_the_emitter() -> None:
