@@ -68,6 +68,14 @@ def openai_chain(path_kind: str, body: Mapping[str, Any], namespace: Namespace) 
     return _completions_chain(first_prompt(body["prompt"]), namespace)
 
 
+def openai_payload(path_kind: str, body: Mapping[str, Any], prefix_id: int) -> PrefixPayload:
+    """The replayable payload of the whole prompt of an OpenAI request body, as the catalog keeps it for
+    `prefix_id` (`openai_chain`'s last id)."""
+    if path_kind == "chat":
+        return PrefixPayload(prefix_id=prefix_id, messages=list(body["messages"]))
+    return PrefixPayload(prefix_id=prefix_id, prompt=first_prompt(body["prompt"]))
+
+
 def first_prompt(prompt: Any) -> str | list[int]:
     """The (first) completions prompt: a batch's first, or the prompt itself."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):

@@ -33,14 +33,14 @@ from pydantic import Field
 
 from warmplane.shared.emitter import Emitter
 from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.events import Event, ModelRef, PrefixPayload
+from warmplane.shared.events import Event, ModelRef
 from warmplane.shared.prefix_chain import Namespace
 from warmplane.shared.request_events import (
     Observation,
     PayloadMemory,
-    first_prompt,
     observed_events,
     openai_chain,
+    openai_payload,
     usage_tokens,
 )
 from warmplane.shared.settings import EmitterSettings, WarmplaneSettings, load_settings
@@ -163,7 +163,7 @@ class WarmplaneEvents:
             prompt_tokens=prompt_tokens,
             cached_tokens=cached,
             ttft_s=answer.ttft_s,
-            payload=_payload(kind, request, leaf) if self._payloads.first_time(leaf) else None,
+            payload=openai_payload(kind, request, leaf) if self._payloads.first_time(leaf) else None,
         )
         events = observed_events(
             seen,
@@ -281,10 +281,3 @@ def _request_body(body: bytes | None) -> dict[str, Any] | None:
     except (msgspec.DecodeError, RecursionError):
         return None
     return request if isinstance(request, dict) else None
-
-
-def _payload(kind: str, request: dict[str, Any], prefix_id: int) -> PrefixPayload:
-    """The replayable payload of the whole prompt, as the catalog keeps it for `prefix_id`."""
-    if kind == "chat":
-        return PrefixPayload(prefix_id=prefix_id, messages=list(request["messages"]))
-    return PrefixPayload(prefix_id=prefix_id, prompt=first_prompt(request["prompt"]))

@@ -16,7 +16,7 @@ import msgspec
 from warmplane.services.gateway.errors import ApiError, bad_request
 from warmplane.shared.events import PrefixPayload
 from warmplane.shared.prefix_chain import Namespace, PrefixChain
-from warmplane.shared.request_events import first_prompt, openai_chain
+from warmplane.shared.request_events import first_prompt, openai_chain, openai_payload
 
 Kind = Literal["chat", "completions"]
 PATHS: dict[Kind, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -136,6 +136,4 @@ def chain_of(request: ClientRequest, namespace: Namespace) -> PrefixChain:
 
 def payload_of(request: ClientRequest, prefix_id: int) -> PrefixPayload:
     """The replayable payload of the whole prompt, as the catalog keeps it for `prefix_id`."""
-    if request.kind == "chat":
-        return PrefixPayload(prefix_id=prefix_id, messages=list(request.body["messages"]))
-    return PrefixPayload(prefix_id=prefix_id, prompt=request.prompt)
+    return openai_payload(request.kind, request.body, prefix_id)
