@@ -14,6 +14,8 @@
   the moment it was saturated). New replicas are planned by their own `replica.started`, which their
   warmer announces before the engine loads and holds `/ready` on, so they are warm before they take
   traffic.
+- `replica.draining_started`: one replica leaves for good (its pod deleted): as for a scale-down, the
+  ready replicas are planned for the keys they take from it.
 - `replica.rewarm_requested` (the API's re-warm action): plans that replica in full, as if it held
   nothing, flagged `rewarm` so its warmer warms even what it believes it holds.
 - `warm.finished`: the plan outcomes that stood (the first for each plan) are counted
@@ -54,6 +56,7 @@ from warmplane.shared.events import (
     EpochBumped,
     Event,
     FleetScaled,
+    ReplicaDrainingStarted,
     ReplicaRewarmRequested,
     ReplicaStarted,
     WarmFinished,
@@ -122,6 +125,9 @@ class FleetReactor:
         starts = [Wanted.start(e) for e in batch.replica_events if isinstance(e, ReplicaStarted)]
         if starts:
             await self._issuer.issue_all(starts)
+        for leaving in batch.replica_events:
+            if isinstance(leaving, ReplicaDrainingStarted):
+                await self._guarded(self._left(leaving), f"the drain of {leaving.replica}")
         for change in batch.fleet_changes:
             await self._guarded(self._react(change), f"{type(change).__name__} {change.event_id}")
         if self._watch_cold_starts:
@@ -175,6 +181,12 @@ class FleetReactor:
                 change.reason or "no reason given",
                 f"plan {plans[0].plan_id}" if plans else "not live, or already planned for it",
             )
+
+    async def _left(self, drain: ReplicaDrainingStarted) -> None:
+        """A replica is leaving for good: the ready replicas take its keys, so plan them for what they lack
+        (as for a scale-down; the drain is the trigger, so a redelivered one plans nothing twice)."""
+        log.info("%s is draining: planning the ready replicas of %s again", drain.replica, drain.model.name)
+        await self._issuer.plan_live(drain.model.name, drain.event_id, states=READY)
 
     async def _deploy(self, deploy: DeployStarted | DeployFinished) -> None:
         """Bump the epochs the deploy makes stale, publish the bumps, and plan the new epochs."""

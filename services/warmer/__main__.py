@@ -1,7 +1,9 @@
 """`python -m warmplane.services.warmer`: run one node's warmer from `WARMPLANE_*` settings.
 
-SIGTERM and SIGINT stop it: running warm-ups are cancelled, queued lifecycle events are published
-(bounded by `WARMPLANE_WARM__PUBLISH_TIMEOUT_S`), connections closed.
+SIGTERM or SIGINT drains it (`Warmer.drain`): its replicas are announced draining, then stopped once
+their engines are idle (`WARMPLANE_DRAIN__*`); then it stops. A second signal stops it at once. Stopping
+cancels running warm-ups, publishes queued events (bounded by `WARMPLANE_WARM__PUBLISH_TIMEOUT_S`) and
+closes connections.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ log = logging.getLogger("warmplane.services.warmer")
 
 
 async def _run(settings: WarmerSettings) -> None:
-    stop = asyncio.Event()
+    signals = asyncio.Queue[signal.Signals]()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, signals.put_nowait, signum)
     async with Warmer(settings) as warmer:
         log.info(
             "warmer of node %s: %d engines, /ready on port %d",
@@ -29,7 +31,14 @@ async def _run(settings: WarmerSettings) -> None:
             len(warmer.drivers),
             warmer.http_port,
         )
-        await stop.wait()
+        first = await signals.get()
+        log.info("%s: draining (a second signal stops at once)", first.name)
+        draining = asyncio.create_task(warmer.drain(f"the warmer received {first.name}"))
+        again = asyncio.create_task(signals.get())
+        await asyncio.wait({draining, again}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (draining, again):
+            task.cancel()
+        await asyncio.gather(draining, again, return_exceptions=True)
 
 
 def main() -> None:

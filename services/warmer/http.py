@@ -4,6 +4,8 @@ GET /ready            200 when every replica of this warmer is ready, else 503 (
 GET /ready/{replica}  the same for one replica; 404 for one this warmer does not drive
 GET /status           every replica: phase, readiness, reason, plan progress, prefixes held, and what
                       the engine's KV events say it holds (JSON)
+GET /drained          200 once every replica of this warmer is announced stopped after a drain, else 503
+                      (the engine container's preStop hook waits for it before vLLM shuts down)
 GET /healthz          200 while every loop of the warmer runs, else 503 (liveness: unlike /ready, it says
                       nothing about warmth; a pod whose plan consumer died is restarted)
 GET /metrics          Prometheus text
@@ -36,7 +38,7 @@ def replica_status(driver: ReplicaDriver) -> dict[str, Any]:
     plan = tracker.running
     return {
         "replica": driver.replica,
-        "endpoint": driver.engine.url,
+        "endpoint": driver.engine.announced_url,
         "model": driver.engine.served_model,
         "phase": str(tracker.phase),
         "ready": tracker.ready,
@@ -92,6 +94,10 @@ def build_app(warmer: Warmer) -> Starlette:
         replicas = [replica_status(driver) for driver in warmer.drivers.values()]
         return JSONResponse({"node": warmer.node, "ready": warmer.ready(), "replicas": replicas})
 
+    async def drained(request: Request) -> Response:
+        code = 200 if warmer.drained() else 503
+        return JSONResponse({"drained": code == 200}, status_code=code)
+
     async def healthz(request: Request) -> Response:
         if warmer.alive():
             return PlainTextResponse("ok\n")
@@ -105,6 +111,7 @@ def build_app(warmer: Warmer) -> Starlette:
             Route("/ready", ready),
             Route("/ready/{replica}", ready_one),
             Route("/status", status),
+            Route("/drained", drained),
             Route("/healthz", healthz),
             Route("/metrics", metrics),
         ]

@@ -32,9 +32,11 @@ from warmplane.shared.events import (
     ModelRef,
     ReplicaBecameReady,
     ReplicaCrashed,
+    ReplicaDrainingStarted,
     ReplicaEvent,
     ReplicaResidency,
     ReplicaStarted,
+    ReplicaStopped,
     ReplicaWarmingStarted,
     ReplicaWeightsLoaded,
     WarmFinished,
@@ -50,7 +52,10 @@ _LIFECYCLE: dict[Phase, type[ReplicaEvent]] = {
     Phase.WARMING: ReplicaWarmingStarted,
     Phase.READY: ReplicaBecameReady,
     Phase.FAILED: ReplicaCrashed,
+    Phase.DRAINING: ReplicaDrainingStarted,
+    Phase.STOPPED: ReplicaStopped,
 }
+_IN_FLIGHT_POLL_S = 0.25
 
 
 class ReplicaDriver:
@@ -143,6 +148,28 @@ class ReplicaDriver:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
+
+    async def drain(self, reason: str, *, settle_s: float, timeout_s: float) -> None:
+        """Take the replica out of service for good: announce it draining, give routers `settle_s` to stop
+        sending it requests, then wait (at most `timeout_s` more) until its engine has none in flight, and
+        announce it stopped. Call it once `run()` has been cancelled."""
+        self._report(self.tracker.drain(reason))
+        await asyncio.sleep(settle_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = await self.client.requests_in_flight()
+            if left == 0:
+                why = "drained: no request in flight"
+                break
+            if left is None and not await self.client.health():
+                why = "drained: the engine no longer answers"
+                break
+            if time.monotonic() >= deadline:
+                count = "an unknown number of" if left is None else str(left)
+                why = f"drain timed out after {settle_s + timeout_s:g} s with {count} requests in flight"
+                break
+            await asyncio.sleep(_IN_FLIGHT_POLL_S)
+        self._report(self.tracker.stop(why))
 
     def _next_wait(self) -> float:
         wait = self._warm.health_interval_s
@@ -339,7 +366,7 @@ class ReplicaDriver:
                     model=self._model,
                     replica=self.replica,
                     node=self.node,
-                    endpoint=self.engine.url,
+                    endpoint=self.engine.announced_url,
                     kv_capacity_tokens=self.kv_capacity_tokens,
                     reason=transition.reason[:2048],
                 )

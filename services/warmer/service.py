@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import CollectorRegistry
 
-from warmplane.services.warmer.core.replica import ReplicaTracker, policy_from
+from warmplane.services.warmer.core.replica import Phase, ReplicaTracker, policy_from
 from warmplane.services.warmer.http import status_server
 from warmplane.services.warmer.metrics import WarmerMetrics
 from warmplane.services.warmer.plan_run import SaltBook
@@ -175,6 +175,30 @@ class Warmer:
         self.drivers[engine.replica] = driver
         self._spawn(f"replica {engine.replica}", driver.run())
         return driver
+
+    async def drain(self, reason: str = "the warmer was told to stop") -> None:
+        """Take every replica this warmer drives out of the fleet, as its pod goes away: each is announced
+        draining (routers stop sending it requests; `/ready` turns 503), then stopped once its engine has
+        no request in flight (`WARMPLANE_DRAIN__*`). Plans that arrive meanwhile are refused. Returns
+        when the last `replica.stopped` is published (bounded by the publish timeout)."""
+        loops = [task for name in self.drivers if (task := self._tasks.pop(f"replica {name}", None))]
+        for loop in loops:
+            loop.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        drain = self.settings.drain
+        await asyncio.gather(
+            *(
+                driver.drain(reason, settle_s=drain.settle_s, timeout_s=drain.timeout_s)
+                for driver in self.drivers.values()
+            )
+        )
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.warm.publish_timeout_s):
+                await self._outbox.join()
+
+    def drained(self) -> bool:
+        """Whether every replica of this warmer has been announced stopped."""
+        return all(driver.tracker.phase is Phase.STOPPED for driver in self.drivers.values())
 
     async def stop(self) -> None:
         """Stop the replicas' loops and the consumer, publish what is queued (bounded), close the rest."""

@@ -1,5 +1,5 @@
 """The warmer's settings: `WARMPLANE_NODE`, `WARMPLANE_ENGINES`, `WARMPLANE_TENANT_SECRETS`,
-`WARMPLANE_WARM__*` and `WARMPLANE_READINESS__*` on top of the shared parts.
+`WARMPLANE_WARM__*`, `WARMPLANE_READINESS__*` and `WARMPLANE_DRAIN__*` on top of the shared parts.
 
 Example for a node with one engine:
     WARMPLANE_NODE=gpu-node-7
@@ -24,6 +24,11 @@ class EngineSettings(BaseModel):
 
     replica: Name
     url: Annotated[str, Field(pattern=r"^https?://[^\s]+$")]
+    """Where this warmer reaches the engine: in a pod, its loopback."""
+    announce_url: Annotated[str, Field(pattern=r"^https?://[^\s]+$")] | None = None
+    """Where routers reach the engine, announced on its lifecycle events: in Kubernetes the pod's IP
+    (`http://$(POD_IP):8000`) or its name under a headless Service. Unset, `url`, which is right only
+    where the router shares the engine's host."""
     served_model: Name
     """The model name the engine's OpenAI API answers to (`--served-model-name`)."""
     model_revision: Annotated[str, Field(max_length=128)] = ""
@@ -39,6 +44,22 @@ class EngineSettings(BaseModel):
     again there; unset, a gap makes residency incomplete until probes settle it."""
     kv_events_topic: Annotated[str, Field(max_length=128)] = ""
     """The `topic` of the engine's `--kv-events-config`."""
+
+    @model_validator(mode="after")
+    def _expanded(self) -> Self:
+        for field in ("url", "announce_url"):
+            value = getattr(self, field) or ""
+            if "$(" in value:
+                raise ValueError(
+                    f"{field} {value!r} holds an unexpanded Kubernetes variable: declare it in the pod's"
+                    " env before WARMPLANE_ENGINES"
+                )
+        return self
+
+    @property
+    def announced_url(self) -> str:
+        """The URL lifecycle events announce for this engine."""
+        return self.announce_url or self.url
 
 
 class WarmSettings(BaseModel):
@@ -97,9 +118,24 @@ class ReadinessSettings(BaseModel):
     warming buys (`bench.scaleup`'s cold arm); lifecycle, health and residency are reported as usual."""
 
 
+class DrainSettings(BaseModel):
+    """How a replica leaves the fleet when its warmer is told to stop (SIGTERM: a pod deleted, scaled
+    down or rolled): `replica.draining_started`, then `replica.stopped` once its engine is idle."""
+
+    settle_s: Annotated[float, Field(ge=0)] = 5.0
+    """After announcing the drain, how long routers get to see it and stop sending new requests, before
+    the engine's in-flight requests are counted. At least the time a lifecycle event takes to reach every
+    gateway (`WARMPLANE_KAFKA__FETCH_MAX_WAIT_MS` and more)."""
+    timeout_s: Seconds = 60.0
+    """How long in-flight requests may then take to finish before the replica is announced stopped
+    anyway. The pod's `terminationGracePeriodSeconds` must exceed `settle_s + timeout_s`."""
+
+
 class WarmerSettings(WarmplaneSettings):
     node: Name
-    """The node's name: plans are addressed to it."""
+    """This warmer's own name: plans are addressed to it, and its plans consumer group is named for it.
+    One per warmer (in Kubernetes, the pod's name): two warmers under one name split the plans between
+    them and refuse each other's."""
     engines: list[EngineSettings] = Field(default_factory=list)
     """JSON list of `{"replica", "url", "served_model", "model_revision", "block_size"}`, and the engine's KV
     events: `"kv_events_endpoint"`, `"kv_events_replay_endpoint"` (below)."""
@@ -116,6 +152,7 @@ class WarmerSettings(WarmplaneSettings):
     """The node's plans consumer group is `<prefix>-<node>`."""
     warm: WarmSettings = WarmSettings()
     readiness: ReadinessSettings = ReadinessSettings()
+    drain: DrainSettings = DrainSettings()
     http_host: str = "0.0.0.0"  # noqa: S104 - a readiness probe reaches the pod from outside it
     http_port: Annotated[int, Field(ge=0, le=65_535)] = 8090
     """Port of `/ready`, `/status`, `/healthz` and `/metrics`; 0 picks a free one."""

@@ -75,6 +75,7 @@ class EngineClient(Protocol):
     def expected_cached_tokens(self, prompt_tokens: int) -> int: ...
     async def health(self) -> bool: ...
     async def kv_capacity_tokens(self) -> int | None: ...
+    async def requests_in_flight(self) -> int | None: ...
     async def warm(
         self, payload: PrefixPayload, *, cache_salt: str, priority: int = WARM_PRIORITY
     ) -> WarmResult: ...
@@ -143,6 +144,17 @@ class VllmEngineClient:
                 if blocks.isdigit() and size.isdigit() and int(blocks) > 1:
                     return (int(blocks) - 1) * int(size)
         return None
+
+    async def requests_in_flight(self) -> int | None:
+        """Requests the engine is running or has queued (``vllm:num_requests_running`` and
+        ``vllm:num_requests_waiting`` in ``/metrics``); None when it does not say (unreachable, no gauges)."""
+        try:
+            response = await self._http.get("/metrics", timeout=self._health_timeout)
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        return requests_in_flight(response.text)
 
     async def health(self) -> bool:
         """True iff ``GET /health`` answers 200 within the health timeout; False on any transport error."""
@@ -234,6 +246,26 @@ class VllmEngineClient:
         if not isinstance(answer, dict):
             raise WarmFailed(f"POST {path}: HTTP 200 with a JSON body that is not an object")
         return answer
+
+
+def requests_in_flight(metrics: str) -> int | None:
+    """The running and waiting requests a vLLM ``/metrics`` text reports, over all its engines; None
+    when it has neither gauge."""
+    total, seen = 0.0, False
+    for line in metrics.splitlines():
+        name, _, rest = line.partition("{") if "{" in line else line.partition(" ")
+        if name not in _IN_FLIGHT_GAUGES:
+            continue
+        fields = (rest.rpartition("}")[2] if "{" in line else rest).split()
+        try:
+            total += float(fields[0])
+        except (IndexError, ValueError):
+            continue
+        seen = True
+    return round(total) if seen else None
+
+
+_IN_FLIGHT_GAUGES = frozenset({"vllm:num_requests_running", "vllm:num_requests_waiting"})
 
 
 def _usage(answer: dict[str, Any]) -> tuple[int, int]:

@@ -14,8 +14,9 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -36,13 +37,16 @@ from tests.integration.gateway_harness import (
     wait_ready,
 )
 from tests.integration.planner_harness import poll_until, produce, read_topic
+from tests.integration.warmer_harness import status_code, warmer_settings
 from warmplane.services.gateway.openai_request import chain_of, decode
 from warmplane.services.gateway.service import Gateway
+from warmplane.services.warmer.service import Warmer
+from warmplane.services.warmer.settings import DrainSettings, ReadinessSettings
 from warmplane.shared.cache_salt import derive_cache_salt
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm, ensure_tiny_model
-from warmplane.shared.events import PrefixMissed, RequestObserved
+from warmplane.shared.events import PrefixMissed, ReplicaEvent, RequestObserved
 from warmplane.shared.hash_ring import HashRing
 from warmplane.shared.prefix_chain import Namespace
 from warmplane.shared.topics import Topics
@@ -200,6 +204,114 @@ def fingerprints(raw: bytes) -> list[object]:
     """The `system_fingerprint` of each chunk that has one, in order."""
     chunks = [event for event in sse_payloads(raw) if isinstance(event, dict)]
     return [chunk["system_fingerprint"] for chunk in chunks if "system_fingerprint" in chunk]
+
+
+async def test_a_drained_replica_leaves_routing_with_no_request_failed(
+    embedded_kafka: EmbeddedKafka, engines: dict[str, EmbeddedVllm], rng: random.Random
+) -> None:
+    """Two warmers, one replica each, traffic flowing through the gateway; one warmer drains (as on
+    SIGTERM when its pod goes). Its replica is announced draining, then stopped only after the long
+    stream it was serving ended; no request fails; afterwards nothing reaches its engine."""
+    # Routers see the drain within 0.1 s of its event, well inside the leaver's settling time.
+    kafka = kafka_settings(embedded_kafka.bootstrap_servers).model_copy(update={"fetch_max_wait_ms": 100})
+    settings, keys = gateway_settings(kafka, uuid.uuid4().hex[:8])
+    model = engines["r0"].model_name
+    secrets = {tenant: secret.get_secret_value() for tenant, secret in settings.tenant_secrets.items()}
+    cold = ReadinessSettings(warm=False)  # ready once the engine answers: this test is about leaving
+    staying = warmer_settings(kafka, [engines["r0"]], node="staying", secrets=secrets, readiness=cold)
+    leaving = warmer_settings(
+        kafka, [engines["r1"]], node="leaving", secrets=secrets, readiness=cold
+    ).model_copy(update={"drain": DrainSettings(settle_s=1.0, timeout_s=60.0)})
+    gone = leaving.engines[0].replica
+    ring = HashRing(
+        sorted([gone, staying.engines[0].replica]),
+        vnodes=settings.routing.vnodes,
+        load_factor=settings.routing.load_factor,
+    )
+    long_body = body_owned_by(ring, gone, rng, model)
+    long_body.update(stream=True, max_tokens=3000, ignore_eos=True)  # with the prompt, within 4,096
+    outcomes: list[Outcome] = []
+
+    async def send(
+        client: httpx.AsyncClient, body: dict[str, Any], begun: asyncio.Event | None = None
+    ) -> Outcome:
+        async with client.stream(
+            "POST", "/v1/chat/completions", json=body, headers=headers(keys["acme"])
+        ) as response:
+            raw = b""
+            async for chunk in response.aiter_raw():
+                raw += chunk
+                if begun is not None:
+                    begun.set()
+                await asyncio.sleep(0)  # a fast stream must not starve the gateway and warmers beside it
+        try:
+            finish = stream_summary(raw)["finish"] if response.status_code == 200 else {}
+        except (KeyError, TypeError):  # an error event in place of chunks
+            finish = {}
+        replica = response.headers.get("x-warmplane-replica", "")
+        return Outcome(response.status_code, replica, finish, datetime.now(UTC))
+
+    async def traffic(client: httpx.AsyncClient, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            outcomes.append(await send(client, {**chat_body(rng, model), "stream": True, "max_tokens": 16}))
+
+    async with (
+        Gateway(settings) as gateway,
+        Warmer(staying),
+        Warmer(leaving) as leaver,
+        httpx.AsyncClient(base_url=gateway.url, timeout=TIMEOUT) as client,
+    ):
+        await wait_ready(gateway, model, 2)
+        begun = asyncio.Event()
+        long_stream = asyncio.create_task(send(client, long_body, begun))
+        async with asyncio.timeout(20):
+            await begun.wait()  # the engine is generating it
+        stop = asyncio.Event()
+        senders = [asyncio.create_task(traffic(client, stop)) for _ in range(3)]
+        await leaver.drain("the test drains it")
+        stop.set()
+        await asyncio.gather(*senders)
+        assert long_stream.done()  # the drain waited for it
+        long_outcome = long_stream.result()
+        served_before = await vllm_requests(engines["r1"])
+        short = {"stream": True, "max_tokens": 4}
+        after = [await send(client, {**chat_body(rng, model), **short}) for _ in range(6)]
+        assert await status_code(leaver.http_port, "/ready") == 503
+        assert await status_code(leaver.http_port, "/drained") == 200
+
+    assert (long_outcome.status, long_outcome.replica, long_outcome.finish) == (200, gone, {0: "length"})
+    failed = [o for o in outcomes + after if o.status != 200 or not o.finish or None in o.finish.values()]
+    assert failed == [], failed
+    assert len(outcomes) > 0
+    assert {outcome.replica for outcome in after} == {staying.engines[0].replica}
+    assert await vllm_requests(engines["r1"]) == served_before  # nothing reached it once stopped
+    codec = EventCodec(kafka.max_event_bytes)
+    lifecycle = [codec.decode(r.value) for r in await read_topic(kafka, Topics(kafka.topic_prefix).lifecycle)]
+    events = [event for event in lifecycle if isinstance(event, ReplicaEvent) and event.replica == gone]
+    assert [event.STATE for event in events][-2:] == ["draining", "gone"], events
+    draining, stopped = events[-2:]
+    assert stopped.reason == "drained: no request in flight"
+    # The long stream outlasted the routers' settling time, and the replica was stopped only once the
+    # engine had finished it (its last bytes reach the client through the gateway a little later).
+    settled = draining.occurred_at + timedelta(seconds=leaving.drain.settle_s)
+    assert settled < long_outcome.ended_at <= stopped.occurred_at + timedelta(seconds=0.5)
+
+
+class Outcome(NamedTuple):
+    status: int
+    replica: str
+    finish: dict[int, str | None]
+    """Each choice's finish reason; {} for a stream that broke."""
+    ended_at: datetime
+
+
+def body_owned_by(ring: HashRing, replica: str, rng: random.Random, model: str) -> dict[str, Any]:
+    """A chat body whose leading prefix the gateway's ring gives to `replica`."""
+    while True:
+        body = chat_body(rng, model)
+        root = chain_of(decode(json.dumps(body).encode(), "chat"), Namespace("acme", model)).ids[0]
+        if ring.owner(root) == replica:
+            return body
 
 
 async def test_a_replica_killed_mid_stream_ends_the_stream_cleanly_and_is_routed_around(

@@ -139,12 +139,20 @@ def test_the_vllm_pod_is_ready_only_when_its_warmer_says_so(monkeypatch: pytest.
     secrets = objects[("Secret", "warmplane-tenant-secrets")]["stringData"]
     for key, value in {**config, **secrets}.items():
         monkeypatch.setenv(key, value)
-    for variable in warmer["env"]:
-        value = variable.get("value", "gpu-node-3" if variable["name"] == "WARMPLANE_NODE" else "vllm-1")
-        monkeypatch.setenv(variable["name"], value.replace("$(POD_NAME)", "vllm-1"))
+    downward = {"metadata.name": "vllm-1", "status.podIP": "10.2.0.7", "spec.nodeName": "gpu-node-3"}
+    declared: dict[str, str] = {}
+    for variable in warmer["env"]:  # as the kubelet does: $(NAME) of a variable declared before it
+        value = variable.get("value") or downward[variable["valueFrom"]["fieldRef"]["fieldPath"]]
+        for name, known in declared.items():
+            value = value.replace(f"$({name})", known)
+        declared[variable["name"]] = value
+        monkeypatch.setenv(variable["name"], value)
     settings = load_settings(WarmerSettings)
     [engine] = settings.engines
-    assert (settings.node, engine.replica, engine.block_size) == ("gpu-node-3", "vllm-1", 16)
+    # Each warmer is its own node (its pod), whatever else runs on the Kubernetes node; it announces
+    # the address routers in other pods reach, not its loopback.
+    assert (settings.node, engine.replica, engine.block_size) == ("vllm-1", "vllm-1", 16)
+    assert (engine.url, engine.announced_url) == ("http://127.0.0.1:8000", "http://10.2.0.7:8000")
     assert f"--block-size={engine.block_size}" in _container(pod, "vllm")["args"]
     assert f"--served-model-name={engine.served_model}" in _container(pod, "vllm")["args"]
     # The engine publishes its KV events on sockets in a volume the warmer mounts too.
@@ -156,6 +164,22 @@ def test_the_vllm_pod_is_ready_only_when_its_warmer_says_so(monkeypatch: pytest.
     volume = {"name": "kv-events", "mountPath": "/run/warmplane"}
     assert all(volume in _container(pod, name)["volumeMounts"] for name in ("vllm", "warmer"))
     assert str(engine.kv_events_endpoint).startswith("ipc:///run/warmplane/")
+
+
+def test_a_leaving_vllm_pod_serves_until_its_warmer_has_drained_it() -> None:
+    pod = _manifests()[("StatefulSet", "vllm")]
+    engine = _container(pod, "vllm")
+    assert "initialDelaySeconds" not in engine["livenessProbe"]  # a slow load is the startupProbe's
+    startup = engine["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+    wait = "\n".join(engine["lifecycle"]["preStop"]["exec"]["command"])
+    assert f"127.0.0.1:{WarmerSettings.model_fields['http_port'].default}/drained" in wait
+    drain = WarmerSettings.model_fields["drain"].default
+    bound = re.search(r"time.monotonic\(\) \+ (\d+)", wait)
+    assert bound is not None
+    waited = int(bound.group(1))
+    grace = pod["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert drain.settle_s + drain.timeout_s < waited < grace
 
 
 def test_the_planner_starts_from_its_config_and_the_migrations_run_as_a_job(

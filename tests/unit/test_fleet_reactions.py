@@ -29,6 +29,7 @@ from warmplane.shared.events import (
     FleetScaled,
     ModelRef,
     PrefixPayload,
+    ReplicaDrainingStarted,
     ReplicaRewarmRequested,
 )
 from warmplane.shared.hash_ring import HashRing
@@ -209,6 +210,29 @@ def test_scaling_down_plans_ready_replicas_for_what_they_lack_only_and_scaling_u
     )
     asyncio.run(reactor.after_commit(IngestBatch(fleet_changes=[again])))
     assert published.plans == []  # it holds everything: no plan
+
+
+def test_a_draining_replica_s_keys_are_planned_on_the_ready_replicas_that_take_them() -> None:
+    store, _fleet, published, _metrics, reactor = fleet()
+    owned_by_s = sorted(prefix for prefix in (5, 6) if HashRing(["r", "s"]).owner(prefix) == "s")
+    assert owned_by_s, "the ring gives s no prefix: pick other names"
+    store.holding = {"r": [HeldItem(p, f"tenant-{p - 4}", 0) for p in (5, 6) if p not in owned_by_s]}
+    store.live.append(LiveReplica("s", "node-s", "w1", "draining", None))  # as the batch committed it
+    drain = ReplicaDrainingStarted(
+        event_id=new_event_id(),
+        occurred_at=NOW,
+        producer="warmer/node-s",
+        model=MODEL,
+        replica="s",
+        node="node-s",
+    )
+
+    asyncio.run(reactor.after_commit(IngestBatch(replica_events=[drain])))
+
+    assert [(p.replica, [i.prefix_id for i in p.items]) for p in published.plans] == [("r", owned_by_s)]
+    published.plans.clear()
+    asyncio.run(reactor.after_commit(IngestBatch(replica_events=[drain])))  # redelivered
+    assert published.plans == []
 
 
 def test_a_requested_rewarm_plans_that_replica_in_full_and_flags_the_plan() -> None:

@@ -36,6 +36,9 @@ class _SilentEngine:
     async def kv_capacity_tokens(self) -> int | None:
         return None
 
+    async def requests_in_flight(self) -> int | None:
+        return None
+
     async def warm(
         self, payload: PrefixPayload, *, cache_salt: str, priority: int = WARM_PRIORITY
     ) -> WarmResult:

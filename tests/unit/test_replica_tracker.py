@@ -618,3 +618,52 @@ def test_with_warming_off_a_replica_is_ready_once_its_engine_answers_and_refuses
     decision = replica.offer(plan(1, [item(1)]), NOW)
     assert not decision.accepted and "warming is off" in decision.reason
     assert replica.next_run() is None
+
+
+def test_a_draining_replica_is_not_ready_takes_no_plan_and_health_no_longer_moves_it() -> None:
+    replica = loaded()
+    order = accept_and_run(replica, plan(1, [item(1)]))
+    replica.finished(outcome(order), NOW)
+    assert replica.offer(plan(2, [item(2)]), NOW).accepted  # queued, not yet run
+    assert replica.ready
+
+    (draining,) = replica.drain("SIGTERM")
+
+    assert (draining.phase, draining.reason, replica.ready) == (Phase.DRAINING, "SIGTERM", False)
+    assert replica.next_run() is None  # the queued plan is dropped
+    refused = replica.offer(plan(3, [item(3)]), NOW)
+    assert (refused.accepted, refused.reason) == (False, "the replica is draining: it is leaving the fleet")
+    # An engine shutting down stops answering: that is not a crash, and answering again is no restart.
+    assert crash(replica) == []
+    assert replica.health(True, NOW) == []
+    assert replica.tick(NOW + timedelta(hours=1)) == []
+    assert replica.drain("again") == []
+    assert replica.phase is Phase.DRAINING
+
+
+def test_stop_ends_a_draining_replica_and_forgets_what_it_held() -> None:
+    replica = loaded()
+    order = accept_and_run(replica, plan(1, [item(1)]))
+    replica.finished(outcome(order), NOW)
+    replica.drain("SIGTERM")
+
+    (stopped,) = replica.stop("drained: no request in flight")
+
+    assert (stopped.phase, replica.ready, replica.held) == (Phase.STOPPED, False, set())
+    assert replica.stop("again") == []
+    assert replica.drain("again") == []
+
+
+def test_stop_without_a_drain_first_says_draining_then_stopped() -> None:
+    replica = loaded()
+
+    assert phases(replica.stop("the warmer stops")) == [Phase.DRAINING, Phase.STOPPED]
+
+
+def test_a_run_that_ends_after_the_drain_began_changes_nothing() -> None:
+    replica = loaded()
+    order = accept_and_run(replica, plan(1, [item(1)]))
+    replica.drain("SIGTERM")
+
+    assert replica.finished(outcome(order), NOW) == []
+    assert (replica.phase, replica.ready, replica.held) == (Phase.DRAINING, False, set())

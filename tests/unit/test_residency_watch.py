@@ -39,6 +39,9 @@ class _RefusingEngine:
     async def kv_capacity_tokens(self) -> int | None:
         return None
 
+    async def requests_in_flight(self) -> int | None:
+        return None
+
 
 async def test_a_failed_probe_is_not_retried_at_once() -> None:
     engine = _RefusingEngine()

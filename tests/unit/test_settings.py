@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -149,6 +150,22 @@ def test_a_tenant_is_salted_or_unsalted_on_a_warmer_never_both(monkeypatch: pyte
         load_settings(WarmerSettings)
     monkeypatch.setenv("WARMPLANE_TENANT_SECRETS", '{"globex": "salt-secret"}')
     assert load_settings(WarmerSettings).unsalted_tenants == ["open", "acme"]
+
+
+def test_an_engine_announces_the_address_routers_reach_and_a_k8s_variable_must_be_expanded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WARMPLANE_NODE", "vllm-0")
+    engine = {"replica": "vllm-0", "url": "http://127.0.0.1:8000", "served_model": "m"}
+    monkeypatch.setenv("WARMPLANE_ENGINES", json.dumps([engine]))
+    assert load_settings(WarmerSettings).engines[0].announced_url == "http://127.0.0.1:8000"
+    engine["announce_url"] = "http://10.2.0.7:8000"
+    monkeypatch.setenv("WARMPLANE_ENGINES", json.dumps([engine]))
+    assert load_settings(WarmerSettings).engines[0].announced_url == "http://10.2.0.7:8000"
+    engine["announce_url"] = "http://$(POD_IP):8000"  # POD_IP not declared before it in the pod's env
+    monkeypatch.setenv("WARMPLANE_ENGINES", json.dumps([engine]))
+    with pytest.raises(SettingsError, match=r"unexpanded Kubernetes variable"):
+        load_settings(WarmerSettings)
 
 
 def test_the_planner_plans_for_a_router_that_is_not_its_ring_when_told(

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from warmplane.services.warmer.vllm_client import VllmEngineClient, WarmFailed
+from warmplane.services.warmer.vllm_client import VllmEngineClient, WarmFailed, requests_in_flight
 from warmplane.shared.events import PrefixPayload
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -142,3 +142,23 @@ async def test_an_unreachable_engine_has_no_known_kv_capacity() -> None:
         raise httpx.ConnectError("refused", request=request)
 
     assert await _client(refuse).kv_capacity_tokens() is None
+
+
+def test_requests_in_flight_are_the_running_and_waiting_gauges_of_every_engine() -> None:
+    metrics = "\n".join(
+        [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            'vllm:num_requests_running{engine="0",model_name="m"} 2.0',
+            'vllm:num_requests_running{engine="1",model_name="m"} 1.0',
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0',
+            'vllm:num_requests_running_total{model_name="m"} 99.0',  # another metric sharing the prefix
+        ]
+    )
+    assert requests_in_flight(metrics) == 6
+    assert requests_in_flight('vllm:num_requests_waiting{engine="0"} 0.0') == 0
+    assert requests_in_flight("vllm:kv_cache_usage_perc 0.5") is None
+
+
+async def test_requests_in_flight_is_unknown_when_the_engine_does_not_answer() -> None:
+    async with _client(lambda request: httpx.Response(503)) as client:
+        assert await client.requests_in_flight() is None

@@ -8,6 +8,8 @@ publishes the `Transition`s it returns as lifecycle events; it never decides rea
         |                            +--no plan in time-----+--deadline (policy)--> ready (partial)
         +--/health answers again-- failed <--N failed checks-- (loading | warming | ready)
 
+    any phase --drain--> draining --in-flight requests done--> stopped (final)
+
 Contracts:
 - Ready only after the current incarnation's plan verified (at least `min_verified_fraction` of the
   items it had to warm), or after its deadline or the plan wait passed under the `ready_partial` policy;
@@ -19,6 +21,8 @@ Contracts:
   model) are left out, and a plan with nothing else is refused.
 - Items already held (verified in this incarnation, same tenant, model, prompt revision, epoch and
   prefix) are not warmed again.
+- A draining replica is never ready again, takes no plan and runs none; health checks no longer move it
+  (an engine shutting down may stop answering without having crashed). `stopped` is its last word.
 """
 
 from __future__ import annotations
@@ -46,6 +50,16 @@ class Phase(StrEnum):
     WARMING = "warming"
     READY = "ready"
     FAILED = "failed"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+_REFUSED_IN = {
+    Phase.FAILED: "the engine is not answering; its next start gets a new plan",
+    Phase.DRAINING: "the replica is draining: it is leaving the fleet",
+    Phase.STOPPED: "the replica is stopped: it has left the fleet",
+}
+"""Why a plan is refused in these phases, whatever it holds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +184,8 @@ class ReplicaTracker:
     def health(self, ok: bool, now: datetime) -> list[Transition]:
         """A health check's answer. Loads a starting replica, fails one that stopped answering, and starts
         a new incarnation for a failed one that answers again."""
+        if self.leaving:
+            return []
         if ok:
             self._failures = 0
             if self.phase is Phase.FAILED:
@@ -185,6 +201,27 @@ class ReplicaTracker:
         self._awaiting = None
         reason = f"engine stopped answering: {self._failures} health checks failed"
         return [self._to(Phase.FAILED, reason, ready=False)]
+
+    @property
+    def leaving(self) -> bool:
+        """Whether the replica is draining or stopped: it is on its way out, for good."""
+        return self.phase in (Phase.DRAINING, Phase.STOPPED)
+
+    def drain(self, reason: str) -> list[Transition]:
+        """Take the replica out of service: no longer ready, no plan runs or waits. Once only."""
+        if self.leaving:
+            return []
+        self._pending.clear()
+        self.running = self._awaiting = None
+        return [self._to(Phase.DRAINING, reason, ready=False)]
+
+    def stop(self, reason: str) -> list[Transition]:
+        """The drained replica is gone (its in-flight requests done, or the wait for them over)."""
+        if self.phase is Phase.STOPPED:
+            return []
+        transitions = self.drain(reason)
+        self.held.clear()
+        return [*transitions, self._to(Phase.STOPPED, reason, ready=False)]
 
     def _loaded(self, now: datetime) -> list[Transition]:
         self._loaded_at = now
@@ -231,9 +268,7 @@ class ReplicaTracker:
         trigger = plan.trigger_event_id
         if trigger is not None and trigger != self.incarnation:
             return "issued for an earlier start of this replica"
-        if self.phase is Phase.FAILED:
-            return "the engine is not answering; its next start gets a new plan"
-        return None
+        return _REFUSED_IN.get(self.phase)
 
     def next_run(self, fill_limit_tokens: int | None = None) -> RunOrder | None:
         """The next accepted plan to run, once the engine answers and nothing else runs for it.
