@@ -1,9 +1,16 @@
-"""Alembic environment: the URL comes from the caller's settings (never from alembic.ini)."""
+"""Alembic environment: the URL comes from the caller's settings (never from alembic.ini).
+
+Connections are opened by asyncpg from the URL itself, as the services open theirs, so a URL's libpq
+parameters (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`, ...) mean the same to `warmplane migrate` as to
+the planner and the API. SQLAlchemy's asyncpg dialect would pass them to `asyncpg.connect` as keyword
+arguments it does not take.
+"""
 
 from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -16,7 +23,8 @@ def _run(connection: Connection) -> None:
 
 
 async def _run_online(url: str) -> None:
-    engine = create_async_engine(url)
+    dsn = "postgresql://" + url.split("://", 1)[1]
+    engine = create_async_engine("postgresql+asyncpg://", async_creator=lambda: asyncpg.connect(dsn))
     try:
         async with engine.connect() as connection:
             await connection.run_sync(_run)
