@@ -131,13 +131,8 @@ class VllmEngineClient:
         """Tokens the engine's prefix cache can hold: usable KV blocks (``num_gpu_blocks`` of
         ``vllm:cache_config_info`` in ``/metrics``, less the one vLLM keeps back) times the block size;
         None when the engine does not say (an unreachable engine, or metrics without that gauge)."""
-        try:
-            response = await self._http.get("/metrics", timeout=self._health_timeout)
-        except httpx.HTTPError:
-            return None
-        if response.status_code != 200:
-            return None
-        for line in response.text.splitlines():
+        metrics = await self._metrics()
+        for line in (metrics or "").splitlines():
             if line.startswith("vllm:cache_config_info{"):
                 labels = dict(_LABEL.findall(line))
                 blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
@@ -148,13 +143,16 @@ class VllmEngineClient:
     async def requests_in_flight(self) -> int | None:
         """Requests the engine is running or has queued (``vllm:num_requests_running`` and
         ``vllm:num_requests_waiting`` in ``/metrics``); None when it does not say (unreachable, no gauges)."""
+        metrics = await self._metrics()
+        return None if metrics is None else requests_in_flight(metrics)
+
+    async def _metrics(self) -> str | None:
+        """The engine's ``/metrics`` text within the health timeout; None if it does not answer 200."""
         try:
             response = await self._http.get("/metrics", timeout=self._health_timeout)
         except httpx.HTTPError:
             return None
-        if response.status_code != 200:
-            return None
-        return requests_in_flight(response.text)
+        return response.text if response.status_code == 200 else None
 
     async def health(self) -> bool:
         """True iff ``GET /health`` answers 200 within the health timeout; False on any transport error."""
