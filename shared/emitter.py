@@ -34,6 +34,7 @@ from warmplane.shared.emitter_ledger import DropReason, EmitterStats, Ledger, To
 from warmplane.shared.emitter_metrics import EmitterCollector
 from warmplane.shared.emitter_sender import Sender
 from warmplane.shared.events import Event
+from warmplane.shared.kafka_clients import client_security
 from warmplane.shared.settings import EmitterSettings, KafkaSettings
 from warmplane.shared.topics import Topics, partition_key
 
@@ -87,6 +88,7 @@ class Emitter:
             max_batch_bytes=settings.batch_max_bytes,
             retry_backoff_ms=int(settings.retry_backoff_min_s * 1000),
             connections=settings.connections,
+            security=client_security(kafka.security),
         )
         self._sender = Sender(self._ledger, settings, config, producer_factory)
         self._task: asyncio.Task[None] | None = None

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol, cast
 
 from aiokafka import AIOKafkaProducer, codec
@@ -66,6 +66,8 @@ class ProducerConfig:
     max_batch_bytes: int
     retry_backoff_ms: int
     connections: int = 1
+    security: Mapping[str, Any] = field(default_factory=dict)
+    """aiokafka's connection options (`kafka_clients.client_security`): TLS, SASL."""
 
 
 ProducerFactory = Callable[[ProducerConfig], BatchProducer]
@@ -91,6 +93,7 @@ class AiokafkaBatchProducer:
         self._producers = [
             AIOKafkaProducer(
                 bootstrap_servers=config.bootstrap_servers,
+                **config.security,
                 client_id=config.client_id,
                 acks=config.acks,
                 compression_type=config.compression,

@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaProducer
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.event_signing import EventSigner
 from warmplane.shared.events import Event
+from warmplane.shared.kafka_clients import client_security
 from warmplane.shared.settings import KafkaSettings
 from warmplane.shared.topics import Topics, partition_key
 
@@ -26,6 +27,7 @@ def acknowledging_producer(kafka: KafkaSettings, name: str) -> AIOKafkaProducer:
     replicas (`acks='all'`), requests bounded by `request_timeout_ms`; its client id ends in `name`."""
     return AIOKafkaProducer(
         bootstrap_servers=kafka.bootstrap_servers,
+        **client_security(kafka.security),
         client_id=f"{kafka.client_id}-{name}",
         acks="all",
         request_timeout_ms=kafka.request_timeout_ms,

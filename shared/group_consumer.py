@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aiokafka import AIOKafkaConsumer
 
+from warmplane.shared.kafka_clients import client_security
 from warmplane.shared.settings import KafkaSettings
 
 
@@ -16,6 +17,7 @@ def group_consumer(kafka: KafkaSettings, *topics: str, name: str, group_id: str)
     return AIOKafkaConsumer(
         *topics,
         bootstrap_servers=kafka.bootstrap_servers,
+        **client_security(kafka.security),
         client_id=f"{kafka.client_id}-{name}",
         group_id=group_id,
         enable_auto_commit=False,

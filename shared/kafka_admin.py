@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from warmplane.shared.kafka_clients import client_security
 from warmplane.shared.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -18,6 +19,7 @@ async def ensure_topics(settings: KafkaSettings, topics: Iterable[str], *, timeo
     """Create those of `topics` that do not exist yet. Waits at most `timeout_s` for the broker."""
     admin = AIOKafkaAdminClient(
         bootstrap_servers=settings.bootstrap_servers,
+        **client_security(settings.security),
         client_id=f"{settings.client_id}-admin",
         request_timeout_ms=settings.request_timeout_ms,
     )

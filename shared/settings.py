@@ -26,6 +26,48 @@ MIN_EVENT_KEY_CHARS = 32
 """The shortest key that signs control events (HMAC-SHA256, `event_signing.py`)."""
 
 
+class KafkaSecurity(BaseModel):
+    """How every Kafka client of a service, and the CLI's, encrypts and authenticates its connections
+    (`WARMPLANE_KAFKA__SECURITY__*`); `kafka_clients.client_security` turns it into the clients' options."""
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """Kafka's `security.protocol`: TLS with `SSL` and `SASL_SSL`, a SASL login with `SASL_*`."""
+    ca_file: str | None = None
+    """PEM bundle of the CAs the broker's certificate must chain to; unset, the system's."""
+    cert_file: str | None = None
+    """PEM client certificate, for a broker that asks for one (mutual TLS); with `key_file`."""
+    key_file: str | None = None
+    key_password: SecretStr | None = None
+    """The client key's passphrase, if it has one; a secret: never logged."""
+    check_hostname: bool = True
+    """Whether the broker's certificate must name the host connected to."""
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    sasl_username: str = ""
+    sasl_password: SecretStr = SecretStr("")
+    """A secret: never logged."""
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Self:
+        tls_files = [name for name in ("ca_file", "cert_file", "key_file") if getattr(self, name)]
+        if tls_files and not self.tls:
+            raise ValueError(f"{tls_files} are set but protocol {self.protocol} has no TLS (SSL, SASL_SSL)")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("a client certificate needs both cert_file and key_file")
+        if self.sasl and not (self.sasl_username and self.sasl_password.get_secret_value()):
+            raise ValueError(f"protocol {self.protocol} needs sasl_username and sasl_password")
+        if not self.sasl and self.sasl_username:
+            raise ValueError(f"sasl_username is set but protocol {self.protocol} has no SASL login")
+        return self
+
+
 class KafkaSettings(BaseModel):
     """How to reach the broker and how patient to be with it."""
 
@@ -56,6 +98,7 @@ class KafkaSettings(BaseModel):
     """How long committing consumed offsets may take before the consumer stops and says so."""
     lag_interval_s: Annotated[float, Field(gt=0)] = 10.0
     """How often a service reads its consumers' lag into its metrics (one broker round trip each)."""
+    security: KafkaSecurity = KafkaSecurity()
 
     @field_validator("bootstrap_servers")
     @classmethod

@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from warmplane.shared.codec import DecodeFailure, EventCodec
 from warmplane.shared.events import RequestObserved
+from warmplane.shared.kafka_clients import client_security
 from warmplane.shared.settings import KafkaSettings
 
 _FETCH_MS = 200
@@ -50,6 +51,7 @@ async def read_requests(
     """
     consumer = AIOKafkaConsumer(
         bootstrap_servers=kafka.bootstrap_servers,
+        **client_security(kafka.security),
         client_id=f"{kafka.client_id}-evaluate-traffic",
         enable_auto_commit=False,
         request_timeout_ms=kafka.request_timeout_ms,

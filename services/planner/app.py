@@ -26,6 +26,7 @@ from faststream import AckPolicy, FastStream
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 from faststream.message import StreamMessage
+from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
 from prometheus_client import CollectorRegistry, start_http_server
 
 from warmplane.services.planner.core.node_cache import NodeCache
@@ -44,8 +45,10 @@ from warmplane.shared.dead_letters import KafkaDeadLetterSink
 from warmplane.shared.event_publisher import KafkaEventPublisher, acknowledging_producer
 from warmplane.shared.event_signing import EventSigner, SignedTopics
 from warmplane.shared.kafka_admin import ensure_topics
+from warmplane.shared.kafka_clients import tls_context
 from warmplane.shared.postgres_pool import open_pool
 from warmplane.shared.schema_check import require_schema_at_head
+from warmplane.shared.settings import KafkaSecurity
 from warmplane.shared.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -82,12 +85,25 @@ class Planner:
                 await self.app.stop()
 
 
+def _security(security: KafkaSecurity) -> BaseSecurity | None:
+    """`security` in faststream's terms: the options `kafka_clients.client_security` gives aiokafka."""
+    context = tls_context(security) if security.tls else None
+    if not security.sasl:
+        return None if context is None else BaseSecurity(ssl_context=context, use_ssl=True)
+    login = {"PLAIN": SASLPlaintext, "SCRAM-SHA-256": SASLScram256, "SCRAM-SHA-512": SASLScram512}
+    password = security.sasl_password.get_secret_value()
+    return login[security.sasl_mechanism](
+        security.sasl_username, password, ssl_context=context, use_ssl=security.tls
+    )
+
+
 def build_planner(settings: PlannerSettings) -> Planner:
     """The planner, wired from `settings`; nothing starts until its app runs."""
     kafka = settings.kafka
     topics = Topics(kafka.topic_prefix)
     broker = KafkaBroker(
         kafka.bootstrap_servers,
+        security=_security(kafka.security),
         client_id=f"{kafka.client_id}-planner",
         request_timeout_ms=kafka.request_timeout_ms,
         log_level=logging.DEBUG,  # one access-log line per batch is noise at INFO

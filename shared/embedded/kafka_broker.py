@@ -43,10 +43,15 @@ class EmbeddedKafka(EmbeddedPart):
         workdir: Path,
         *,
         port: int | None = None,
+        advertised: str | None = None,
         start_timeout_s: float = 15.0,
         stop_timeout_s: float = 10.0,
     ) -> None:
+        """`advertised` (`host:port`) is the address the broker tells clients to reach it at, when that is
+        not its own: a TLS terminator in front of it (the broker has no TLS listener). It is then ready
+        once its port is open, since a plain client cannot reach the advertised address."""
         super().__init__(workdir, port=port, start_timeout_s=start_timeout_s, stop_timeout_s=stop_timeout_s)
+        self.advertised = advertised
 
     @property
     def bootstrap_servers(self) -> str:
@@ -61,7 +66,7 @@ class EmbeddedKafka(EmbeddedPart):
             "--listener-url",
             url,
             "--advertised-listener-url",
-            url,
+            f"tcp://{self.advertised}" if self.advertised else url,
             "--storage-engine",
             "memory://tansu/",
         ]
@@ -73,6 +78,8 @@ class EmbeddedKafka(EmbeddedPart):
         wait_for_port(
             self.host, self.port, self._remaining(deadline), "tansu", proc=proc, log_path=self.log_path
         )
+        if self.advertised:
+            return
         # An open port does not always mean the broker answers metadata yet: require a client round trip.
         wait_until(
             lambda: _metadata_round_trip(self.bootstrap_servers),

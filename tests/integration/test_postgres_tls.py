@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 import ssl
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -32,27 +31,10 @@ from tests.integration.planner_harness import (
     run_warmplane,
     running_planner,
 )
-from tests.integration.tls_terminator import TlsTerminator, server_context
+from tests.integration.tls_terminator import TlsTerminator, make_certificates, server_context
 from warmplane.shared.embedded import EmbeddedKafka
 from warmplane.shared.embedded.postgres_server import EmbeddedPostgres
 from warmplane.shared.settings import PostgresSettings
-
-
-def _openssl(folder: Path, *args: str) -> None:
-    subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
-
-
-def make_certificates(folder: Path) -> None:
-    """`ca.pem` and the server's `server.pem`/`server.key` for 127.0.0.1 signed by it; `other-ca.pem`,
-    a CA that signed nothing here."""
-    for ca in ("ca", "other-ca"):
-        _openssl(folder, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                 f"/CN=warmplane test {ca}", "-keyout", f"{ca}.key", "-out", f"{ca}.pem")  # fmt: skip
-    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    _openssl(folder, "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
-             "-keyout", "server.key", "-out", "server.csr")  # fmt: skip
-    _openssl(folder, "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-             "-CAcreateserial", "-days", "1", "-extfile", "san.ext", "-out", "server.pem")  # fmt: skip
 
 
 @pytest.fixture(scope="module")

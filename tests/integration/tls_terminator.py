@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import ssl
 import struct
+import subprocess
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
@@ -19,8 +21,11 @@ _SSL_REQUEST = 80877103
 
 
 class TlsTerminator:
-    def __init__(self, backend: tuple[str, int], context: ssl.SSLContext, *, postgres: bool = False) -> None:
+    def __init__(
+        self, backend: tuple[str, int], context: ssl.SSLContext, *, postgres: bool = False, port: int = 0
+    ) -> None:
         self.backend = backend
+        self._port = port
         self.context = context
         self.postgres = postgres
         self.sessions = 0
@@ -35,7 +40,7 @@ class TlsTerminator:
 
     async def __aenter__(self) -> Self:
         tls = None if self.postgres else self.context  # Postgres starts TLS after its own request
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=tls)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self._port, ssl=tls)
         return self
 
     async def __aexit__(
@@ -69,7 +74,7 @@ class TlsTerminator:
                     pump.cancel()
                 await asyncio.gather(*pumps, return_exceptions=True)
                 up_writer.close()
-        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
+        except (OSError, asyncio.IncompleteReadError):  # refused, reset, a failed handshake (SSLError)
             pass
         finally:
             writer.close()
@@ -99,3 +104,20 @@ def server_context(certificate: str, key: str) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(certificate, key)
     return context
+
+
+def _openssl(folder: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+
+def make_certificates(folder: Path) -> None:
+    """`ca.pem` and the server's `server.pem`/`server.key` for 127.0.0.1 signed by it; `other-ca.pem`,
+    a CA that signed nothing here."""
+    for ca in ("ca", "other-ca"):
+        _openssl(folder, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                 f"/CN=warmplane test {ca}", "-keyout", f"{ca}.key", "-out", f"{ca}.pem")  # fmt: skip
+    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    _openssl(folder, "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+             "-keyout", "server.key", "-out", "server.csr")  # fmt: skip
+    _openssl(folder, "x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+             "-CAcreateserial", "-days", "1", "-extfile", "san.ext", "-out", "server.pem")  # fmt: skip
