@@ -192,9 +192,7 @@ class Warmer:
                 for driver in self.drivers.values()
             )
         )
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.settings.warm.publish_timeout_s):
-                await self._outbox.join()
+        await self._published()
 
     def drained(self) -> bool:
         """Whether every replica of this warmer has been announced stopped."""
@@ -209,12 +207,16 @@ class Warmer:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)
         if outbox is not None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.warm.publish_timeout_s):
-                    await self._outbox.join()
+            await self._published()
             outbox.cancel()
             await asyncio.gather(outbox, return_exceptions=True)
         await self._stack.aclose()
+
+    async def _published(self) -> None:
+        """Until every queued event is published, at most the publish timeout."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.warm.publish_timeout_s):
+                await self._outbox.join()
 
     def alive(self) -> bool:
         """Whether every loop of the warmer still runs (the consumer, the outbox, each replica's)."""

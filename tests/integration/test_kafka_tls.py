@@ -13,16 +13,15 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.structs import ConsumerRecord
 
 from tests.integration.conftest import planner_settings_for
 from tests.integration.gateway_harness import epoch_bumped
-from tests.integration.ingest_stream import COUNTED
 from tests.integration.planner_harness import poll_until, request, running_planner
 from tests.integration.tls_terminator import TlsTerminator, make_certificates, server_context
+from tests.integration.warmer_harness import counted
 from warmplane.services.cli.request_topic import read_requests
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka
@@ -77,15 +76,11 @@ async def test_every_client_of_the_loop_works_over_tls(
     async with running_planner(settings):  # faststream's consumer, over TLS
         async with Emitter(kafka, EmitterSettings(linger_ms=1, close_timeout_s=10), topics) as emitter:
             assert emitter.emit(request([21, 22])) and emitter.emit(request([21]))
-        db = await asyncpg.connect(migrated_database)
-        try:
-
-            async def counted() -> bool:
-                return bool(await db.fetchval(COUNTED) >= 2)
-
-            await poll_until(counted, timeout_s=60, what="the planner to count what the emitter sent")
-        finally:
-            await db.close()
+        await poll_until(
+            lambda: counted(migrated_database, 2),
+            timeout_s=60,
+            what="the planner to count what the emitter sent",
+        )
 
     producer = acknowledging_producer(kafka, "tls-test")  # the warmers', gateways' and API's
     await producer.start()

@@ -22,7 +22,6 @@ from pydantic import SecretStr
 
 from tests.integration.api_harness import ADMIN, api_settings, bearer, running_api
 from tests.integration.conftest import planner_settings_for
-from tests.integration.ingest_stream import COUNTED
 from tests.integration.planner_harness import (
     planner_environment,
     poll_until,
@@ -32,6 +31,7 @@ from tests.integration.planner_harness import (
     running_planner,
 )
 from tests.integration.tls_terminator import TlsTerminator, make_certificates, server_context
+from tests.integration.warmer_harness import counted
 from warmplane.shared.embedded import EmbeddedKafka
 from warmplane.shared.embedded.postgres_server import EmbeddedPostgres
 from warmplane.shared.settings import PostgresSettings
@@ -99,15 +99,9 @@ async def test_migrate_the_planner_and_the_api_run_over_one_tls_url(
 
     async with running_planner(settings):
         await produce(settings.kafka, [request([11, 12]), request([11])])
-        connection = await asyncpg.connect(dsn)
-        try:
-
-            async def counted() -> bool:
-                return bool(await connection.fetchval(COUNTED) >= 2)
-
-            await poll_until(counted, timeout_s=60, what="the planner to count both requests over TLS")
-        finally:
-            await connection.close()
+        await poll_until(
+            lambda: counted(dsn, 2), timeout_s=60, what="the planner to count both requests over TLS"
+        )
     async with (
         running_api(api_settings(settings)) as api,
         httpx.AsyncClient(base_url=api.url, timeout=10) as client,
