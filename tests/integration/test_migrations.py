@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -198,3 +201,29 @@ async def test_schema_check_refuses_a_database_not_at_head(empty_database: str) 
             await require_schema_at_head(pool)
     finally:
         await pool.close()
+
+
+async def test_migrations_started_together_migrate_once_and_all_succeed(empty_database: str) -> None:
+    """As planner pods of one release do in their init containers: `warmplane migrate` in several processes
+    at once. The migration lock lets one migrate; the others wait for it and find the schema at head."""
+    environment = {**os.environ, "WARMPLANE_POSTGRES__URL": empty_database}
+    processes = [
+        await asyncio.create_subprocess_exec(
+            str(Path(sys.executable).with_name("warmplane")),
+            "migrate",
+            env=environment,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        for _ in range(3)
+    ]
+    async with asyncio.timeout(120):
+        outputs = [(await process.communicate())[0].decode() for process in processes]
+    assert [process.returncode for process in processes] == [0, 0, 0], outputs
+    connection = await asyncpg.connect(empty_database, timeout=_TIMEOUT_S)
+    try:
+        assert await connection.fetchval("SELECT version_num FROM alembic_version") == head_revision()
+        tables = {row[0] for row in await connection.fetch("SELECT tablename FROM pg_tables")}
+    finally:
+        await connection.close()
+    assert tables >= PLANNER_TABLES

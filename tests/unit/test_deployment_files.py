@@ -12,6 +12,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
+from tests.unit.k8s_manifests import by_name, container
 from warmplane.services.api.metrics import ApiMetrics
 from warmplane.services.api.settings import ApiOptions, ApiSettings
 from warmplane.services.gateway.metrics import GatewayMetrics
@@ -109,32 +110,16 @@ def test_the_image_installs_what_the_package_links_with_the_services_dependencie
             assert f"COPY {linked.name} " in dockerfile, f"the image misses {linked.name}/"
 
 
-def _manifests() -> dict[tuple[str, str], dict[str, Any]]:
-    """Every Kubernetes object under infra/k8s by (kind, name)."""
-    found: dict[tuple[str, str], dict[str, Any]] = {}
-    for path in sorted((ROOT / "infra" / "k8s").glob("*.yaml")):
-        for document in yaml.safe_load_all(path.read_text()):
-            assert {"apiVersion", "kind", "metadata"} <= set(document), f"{path.name}: not an object"
-            found[(document["kind"], document["metadata"]["name"])] = document
-    return found
-
-
-def _container(workload: dict[str, Any], name: str) -> dict[str, Any]:
-    containers: list[dict[str, Any]] = workload["spec"]["template"]["spec"]["containers"]
-    [container] = [c for c in containers if c["name"] == name]
-    return container
-
-
 def test_the_vllm_pod_is_ready_only_when_its_warmer_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    objects = _manifests()
+    objects = by_name()
     pod = objects[("StatefulSet", "vllm")]
-    warmer = _container(pod, "warmer")
+    warmer = container(pod, "warmer")
     probe = warmer["readinessProbe"]["httpGet"]
     assert probe["path"] == "/ready" and probe["port"] == "warmer"
     assert {"name": "warmer", "containerPort": WarmerSettings.model_fields["http_port"].default} in warmer[
         "ports"
     ]
-    assert "readinessProbe" not in _container(pod, "vllm")  # the engine's own /health is not warmth
+    assert "readinessProbe" not in container(pod, "vllm")  # the engine's own /health is not warmth
     config = objects[("ConfigMap", "warmplane")]["data"]
     secrets = objects[("Secret", "warmplane-tenant-secrets")]["stringData"]
     for key, value in {**config, **secrets}.items():
@@ -153,22 +138,22 @@ def test_the_vllm_pod_is_ready_only_when_its_warmer_says_so(monkeypatch: pytest.
     # the address routers in other pods reach, not its loopback.
     assert (settings.node, engine.replica, engine.block_size) == ("vllm-1", "vllm-1", 16)
     assert (engine.url, engine.announced_url) == ("http://127.0.0.1:8000", "http://10.2.0.7:8000")
-    assert f"--block-size={engine.block_size}" in _container(pod, "vllm")["args"]
-    assert f"--served-model-name={engine.served_model}" in _container(pod, "vllm")["args"]
+    assert f"--block-size={engine.block_size}" in container(pod, "vllm")["args"]
+    assert f"--served-model-name={engine.served_model}" in container(pod, "vllm")["args"]
     # The engine publishes its KV events on sockets in a volume the warmer mounts too.
-    events = _kv_events_config(_container(pod, "vllm")["args"])
+    events = _kv_events_config(container(pod, "vllm")["args"])
     assert (events["endpoint"], events["replay_endpoint"]) == (
         engine.kv_events_endpoint,
         engine.kv_events_replay_endpoint,
     )
     volume = {"name": "kv-events", "mountPath": "/run/warmplane"}
-    assert all(volume in _container(pod, name)["volumeMounts"] for name in ("vllm", "warmer"))
+    assert all(volume in container(pod, name)["volumeMounts"] for name in ("vllm", "warmer"))
     assert str(engine.kv_events_endpoint).startswith("ipc:///run/warmplane/")
 
 
 def test_a_leaving_vllm_pod_serves_until_its_warmer_has_drained_it() -> None:
-    pod = _manifests()[("StatefulSet", "vllm")]
-    engine = _container(pod, "vllm")
+    pod = by_name()[("StatefulSet", "vllm")]
+    engine = container(pod, "vllm")
     assert "initialDelaySeconds" not in engine["livenessProbe"]  # a slow load is the startupProbe's
     startup = engine["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
@@ -182,13 +167,19 @@ def test_a_leaving_vllm_pod_serves_until_its_warmer_has_drained_it() -> None:
     assert drain.settle_s + drain.timeout_s < waited < grace
 
 
-def test_the_planner_starts_from_its_config_and_the_migrations_run_as_a_job(
+def test_the_planner_starts_from_its_config_after_its_own_pod_migrated_the_database(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    objects = _manifests()
-    assert _container(objects[("Job", "warmplane-migrate")], "migrate")["args"] == ["migrate"]
-    planner = _container(objects[("Deployment", "warmplane-planner")], "planner")
-    assert planner["args"] == ["planner"]
+    """Every release's planner pods migrate before their planner starts (an init container, so an upgrade
+    needs no Job run by hand; the migration's lock makes concurrent pods migrate once)."""
+    objects = by_name()
+    assert not [kind for kind, _ in objects if kind == "Job"], "migrations run in the planner's pods"
+    pod = objects[("Deployment", "warmplane-planner")]
+    [migrate] = pod["spec"]["template"]["spec"]["initContainers"]
+    planner = container(pod, "planner")
+    assert migrate["args"] == ["migrate"] and planner["args"] == ["planner"]
+    assert migrate["image"] == planner["image"]
+    assert migrate["envFrom"] == [ref for ref in planner["envFrom"] if "warmplane-event-keys" not in str(ref)]
     for key, value in {
         **objects[("ConfigMap", "warmplane")]["data"],
         **objects[("Secret", "warmplane-postgres")]["stringData"],
@@ -309,9 +300,9 @@ def test_the_compose_api_is_valid_api_settings(monkeypatch: pytest.MonkeyPatch) 
 def test_the_api_and_gateway_deployments_start_from_their_config_and_secrets(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    objects = _manifests()
+    objects = by_name()
     config = objects[("ConfigMap", "warmplane")]["data"]
-    api = _container(objects[("Deployment", "warmplane-api")], "api")
+    api = container(objects[("Deployment", "warmplane-api")], "api")
     assert api["args"] == ["api"] and api["readinessProbe"]["httpGet"]["path"] == "/readyz"
     secret_names = {ref["secretRef"]["name"] for ref in api["envFrom"] if "secretRef" in ref}
     with monkeypatch.context() as scoped:
@@ -324,7 +315,7 @@ def test_the_api_and_gateway_deployments_start_from_their_config_and_secrets(
     assert {"name": "http", "containerPort": settings.api.http_port} in api["ports"]
     assert settings.api_callers[0].role == "admin"
 
-    gateway = _container(objects[("Deployment", "warmplane-gateway")], "gateway")
+    gateway = container(objects[("Deployment", "warmplane-gateway")], "gateway")
     for ref in gateway["envFrom"]:
         source = objects[("Secret", ref["secretRef"]["name"])]["stringData"] if "secretRef" in ref else config
         for key, value in source.items():
@@ -346,14 +337,14 @@ def _kv_events_config(args: list[str]) -> dict[str, Any]:
 def test_the_api_and_gateway_metrics_ports_stay_inside_the_cluster() -> None:
     """Per-tenant figures: each /metrics port is declared on its pod, named by no Service, reachable by
     the NetworkPolicy only from a namespace given by name, and in compose exposed but never published."""
-    objects = _manifests()
+    objects = by_name()
     compose = _compose()["services"]
     policy = objects[("NetworkPolicy", "warmplane-metrics-in-cluster")]["spec"]
-    for workload, container, port, service in (
+    for workload, name, port, service in (
         ("warmplane-api", "api", ApiOptions().metrics_port, "api"),
         ("warmplane-gateway", "gateway", GatewayOptions().metrics_port, "gateway"),
     ):
-        declared = _container(objects[("Deployment", workload)], container)["ports"]
+        declared = container(objects[("Deployment", workload)], name)["ports"]
         assert {"name": "metrics", "containerPort": port} in declared
         targets = {p.get("targetPort") for p in objects[("Service", workload)]["spec"]["ports"]}
         assert targets.isdisjoint({"metrics", port}), workload
@@ -371,7 +362,7 @@ def test_every_service_that_produces_or_consumes_control_events_holds_the_event_
 ) -> None:
     """Every Warmplane container but the migrations reads the event-keys Secret, and compose requires them
     of every service; the example's value loads as keys."""
-    objects = _manifests()
+    objects = by_name()
     holders = {
         ("Deployment", "warmplane-planner"): "planner",
         ("Deployment", "warmplane-api"): "api",
@@ -381,7 +372,7 @@ def test_every_service_that_produces_or_consumes_control_events_holds_the_event_
     for workload, name in holders.items():
         refs = [
             ref["secretRef"]["name"]
-            for ref in _container(objects[workload], name)["envFrom"]
+            for ref in container(objects[workload], name)["envFrom"]
             if "secretRef" in ref
         ]
         assert "warmplane-event-keys" in refs, name
@@ -395,3 +386,40 @@ def test_every_service_that_produces_or_consumes_control_events_holds_the_event_
     )
     monkeypatch.setenv("WARMPLANE_NODE", "gpu-node-0")
     assert len(load_settings(WarmerSettings).event_keys) == 1
+
+
+_COMPOSE_VARIABLE = re.compile(r"\$\{([A-Z0-9_]+)(?::([?-])([^}]*))?\}")
+
+
+def _env_example() -> dict[str, str]:
+    lines = (ROOT / ".env.example").read_text().splitlines()
+    pairs = [line.split("=", 1) for line in lines if line.strip() and not line.startswith("#")]
+    return {key: value for key, value in pairs}
+
+
+def test_the_env_example_sets_what_compose_requires_and_every_service_starts_from_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`cp .env.example .env; docker compose up` interpolates every variable compose refuses to start
+    without, and each Warmplane service's environment then loads as its settings."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    example = _env_example()
+    required = {name for name, kind, _ in _COMPOSE_VARIABLE.findall(text) if kind == "?"}
+    assert required and all(example.get(name) for name in required), sorted(required - set(example))
+    assert ".env" in (ROOT / ".gitignore").read_text().split()
+
+    def interpolated(value: str) -> str:
+        return _COMPOSE_VARIABLE.sub(lambda m: example.get(m[1]) or (m[3] if m[2] == "-" else ""), value)
+
+    services = _compose()["services"]
+    for name, settings_type in (
+        ("planner", PlannerSettings),
+        ("warmer", WarmerSettings),
+        ("gateway", GatewaySettings),
+        ("api", ApiSettings),
+    ):
+        with monkeypatch.context() as scoped:
+            for key, value in services[name]["environment"].items():
+                scoped.setenv(key, interpolated(str(value)))
+            settings = load_settings(settings_type)
+        assert example["WARMPLANE_POSTGRES_PASSWORD"] not in repr(settings), name

@@ -1,9 +1,11 @@
-"""The deployment files against their formats' schemas, offline: the Kubernetes manifests against the
-API's OpenAPI schemas (strict: an unknown field fails) for every Kubernetes version from
-`OLDEST_KUBERNETES` to the newest that `kubernetes-validate` ships, and docker-compose.yml against the
-Compose Specification's JSON schema (vendored by `check-jsonschema`). Then what no schema sees: selectors
-that match their pods, probes and Services naming ports that exist, references to ConfigMaps and
-Secrets that exist, health checks on what others wait for, and commands the image's CLI knows."""
+"""The deployment files against their formats' schemas, offline: the Kubernetes manifests (the production
+overlay as kustomize renders it, and the Secrets' example) against the API's OpenAPI schemas (strict: an
+unknown field fails) for every Kubernetes version from `OLDEST_KUBERNETES` to the newest that
+`kubernetes-validate` ships, and docker-compose.yml against the Compose Specification's JSON schema (vendored
+by `check-jsonschema`). Then what no schema sees: selectors that match their pods, probes and Services naming
+ports that exist, references to ConfigMaps and Secrets that exist, health checks on what others wait for,
+and commands the image's CLI knows. The Prometheus Operator's PodMonitors have no schema here:
+`test_k8s_overlay.py` checks the fields they use."""
 
 from __future__ import annotations
 
@@ -20,11 +22,12 @@ import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
 
+from tests.unit.k8s_manifests import IMAGE, containers, objects, pod_specs
 from warmplane.services.cli.main import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[2]
 OLDEST_KUBERNETES = (1, 30)
-IMAGE = "ghcr.io/warmplane/warmplane"
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
 
 Object = dict[str, Any]
 
@@ -35,25 +38,15 @@ def _kubernetes_versions() -> list[str]:
     return [".".join(map(str, v)) for v in versions if v[:2] >= OLDEST_KUBERNETES]
 
 
-def _objects() -> list[tuple[str, Object]]:
-    """Every object under infra/k8s, with the file it is in."""
-    return [
-        (path.name, document)
-        for path in sorted((ROOT / "infra" / "k8s").glob("*.yaml"))
-        for document in yaml.safe_load_all(path.read_text())
-        if document is not None
-    ]
+def _core_objects() -> list[tuple[str, Object]]:
+    """The objects of the Kubernetes API itself (a custom resource has no schema in the package)."""
+    return [(f, o) for f, o in objects() if (o["apiVersion"], o["kind"]) not in CUSTOM_KINDS]
 
 
 def _compose() -> Object:
     document = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     assert isinstance(document, dict)
     return document
-
-
-def _pod_specs() -> list[tuple[Object, Object]]:
-    """(workload, its pod template) for every object that runs pods."""
-    return [(o, o["spec"]["template"]) for _, o in _objects() if "template" in o.get("spec", {})]
 
 
 def test_the_schemas_cover_the_supported_kubernetes_versions() -> None:
@@ -63,8 +56,8 @@ def test_the_schemas_cover_the_supported_kubernetes_versions() -> None:
 
 @pytest.mark.parametrize("version", _kubernetes_versions())
 def test_every_manifest_is_valid_for_the_kubernetes_api(version: str) -> None:
-    assert _objects(), "no manifests found"
-    for file, document in _objects():
+    assert _core_objects(), "no manifests found"
+    for file, document in _core_objects():
         try:
             kubernetes_validate.validate(document, version, strict=True)
         except kubernetes_validate.ValidationError as error:
@@ -72,7 +65,7 @@ def test_every_manifest_is_valid_for_the_kubernetes_api(version: str) -> None:
 
 
 def test_the_kubernetes_schemas_catch_a_misspelt_field() -> None:
-    planner = next(o for _, o in _objects() if o["kind"] == "Deployment")
+    planner = next(o for _, o in objects() if o["kind"] == "Deployment")
     container = planner["spec"]["template"]["spec"]["containers"][0]
     container["readinesProbe"] = container.pop("readinessProbe")
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -117,15 +110,15 @@ def test_every_compose_service_is_checked_for_health_or_is_a_one_shot_job() -> N
 
 
 def test_selectors_ports_and_references_in_the_manifests_resolve() -> None:
-    names = {(o["kind"], o["metadata"]["name"]) for _, o in _objects()}
+    names = {(o["kind"], o["metadata"]["name"]) for _, o in objects()}
     pods: list[tuple[dict[str, str], set[str]]] = []
-    for workload, template in _pod_specs():
+    for workload, template in pod_specs():
         labels = template.get("metadata", {}).get("labels", {})
         if "selector" in workload["spec"]:
             selector = workload["spec"]["selector"]["matchLabels"]
             assert selector.items() <= labels.items(), f"{workload['metadata']['name']}: selector misses pods"
         ports: set[str] = set()
-        for container in template["spec"]["containers"]:
+        for container in containers(template):
             named = {port["name"] for port in container.get("ports", []) if "name" in port}
             ports |= named
             for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
@@ -133,10 +126,10 @@ def test_selectors_ports_and_references_in_the_manifests_resolve() -> None:
                 assert not isinstance(port, str) or port in named, f"{container['name']} {probe}: {port}"
             for source in container.get("envFrom", []):
                 for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
-                    if key in source:
+                    if key in source and not source[key].get("optional"):
                         assert (kind, source[key]["name"]) in names, f"{container['name']}: no {source[key]}"
         pods.append((labels, ports))
-    for _, service in _objects():
+    for _, service in objects():
         if service["kind"] != "Service":
             continue
         selector = service["spec"]["selector"]
@@ -151,8 +144,8 @@ def _commands() -> list[list[str]]:
     """The arguments each Warmplane container is started with, in the manifests and in compose."""
     found = [
         container["args"]
-        for _, template in _pod_specs()
-        for container in template["spec"]["containers"]
+        for _, template in pod_specs()
+        for container in containers(template)
         if container["image"].split(":")[0] == IMAGE
     ]
     found += [s["command"] for s in _compose()["services"].values() if s.get("build") == "."]
