@@ -129,6 +129,8 @@ class PrefixMissed(_TrafficEvent, kw_only=True, frozen=True, tag="prefix.missed"
 ReplicaState = Literal["starting", "loading", "warming", "ready", "draining", "gone", "failed"]
 LIVE_REPLICA_STATES: frozenset[ReplicaState] = frozenset({"starting", "loading", "warming", "ready"})
 """A replica in these states is part of its model's fleet: routed to, or about to be."""
+HEARTBEATING_STATES: frozenset[ReplicaState] = LIVE_REPLICA_STATES | {"draining"}
+"""A replica in these states has a warmer that says so every heartbeat (`ReplicaHeartbeat`)."""
 
 
 class _ReplicaEvent(Event, kw_only=True, frozen=True):
@@ -170,6 +172,24 @@ class ReplicaStopped(_ReplicaEvent, kw_only=True, frozen=True, tag="replica.stop
 
 class ReplicaCrashed(_ReplicaEvent, kw_only=True, frozen=True, tag="replica.crashed"):
     STATE = "failed"
+
+
+class ReplicaLost(ReplicaStopped, kw_only=True, frozen=True, tag="replica.lost"):
+    """The planner's word that a replica left without one (its node lost, its pod killed): its warmer's
+    heartbeats stopped while the rest of the fleet's went on. A stop to every consumer; `reason` says
+    since when it was silent."""
+
+
+class ReplicaHeartbeat(Event, kw_only=True, frozen=True, tag="replica.heartbeat"):
+    """A warmer's word that it still drives `replica`, in `state`: sent every heartbeat interval while the
+    replica is in `HEARTBEATING_STATES`, on the lifecycle topic, keyed by replica (in order with its
+    transitions). Not a transition: it changes no state, and routers ignore it."""
+
+    FAMILY = "lifecycle"
+
+    replica: Name
+    node: Name
+    state: ReplicaState
 
 
 class DeployStarted(Event, kw_only=True, frozen=True, tag="deploy.started"):
@@ -317,6 +337,8 @@ AnyEvent = (
     | ReplicaDrainingStarted
     | ReplicaStopped
     | ReplicaCrashed
+    | ReplicaLost
+    | ReplicaHeartbeat
     | DeployStarted
     | DeployFinished
     | FleetScaled

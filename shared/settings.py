@@ -147,6 +147,22 @@ class RedisSettings(BaseModel):
     """Longest wait for one Redis reply."""
 
 
+class HeartbeatSettings(BaseModel):
+    """Liveness of replicas whose warmer goes without a word (its node lost): the warmers send, the planner
+    judges. Set alike on both (one ConfigMap)."""
+
+    interval_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    """A warmer says each of its replicas is alive this often (`replica.heartbeat`)."""
+    missed: Annotated[int, Field(ge=2, le=100)] = 3
+    """A replica unheard for this many intervals, while the rest of the fleet was heard, is marked lost
+    (`replica.lost`): a stop, which routers and plans follow. A fleet that falls silent together (the
+    broker, or the planner, away) is not judged; nor is a model's only replica."""
+
+    @property
+    def timeout_s(self) -> float:
+        return self.interval_s * self.missed
+
+
 class WarmplaneSettings(BaseSettings):
     """The base of every service's settings: the broker all of them reach, and logging. A service
     declares only the parts it uses (`DatabaseSettings`, a Redis of its own), so its settings, and the

@@ -11,6 +11,7 @@ from warmplane.shared.events import (
     Event,
     PrefixMissed,
     ReplicaEvent,
+    ReplicaHeartbeat,
     ReplicaResidency,
     ReplicaRewarmRequested,
     RequestObserved,
@@ -89,7 +90,11 @@ KEY_RULES: Final = (
         "{tenant}/{model.name}/{chain[0]}: one planner instance owns a root prefix's counters",
         lambda e: f"{e.tenant}/{e.model.name}/{e.chain[0]}",
     ),
-    KeyRule((ReplicaEvent,), "{replica}: a replica's lifecycle in order", lambda e: e.replica),
+    KeyRule(
+        (ReplicaEvent, ReplicaHeartbeat),
+        "{replica}: a replica's lifecycle in order",
+        lambda e: e.replica,
+    ),
     KeyRule((WarmPlanIssued,), "{node}: a node's plans in order, to its warmer", lambda e: e.node),
     KeyRule(
         (ReplicaRewarmRequested, WarmProgressed, WarmFinished, ReplicaResidency),

@@ -1,8 +1,8 @@
 """Wiring the planner: a faststream batch subscriber over the traffic and lifecycle topics.
 
 `build_planner` makes the app from settings; its lifespan owns every resource (the Postgres pool,
-the producer of dead letters and plans, the writer task, the metrics endpoint, the retention sweep)
-and releases them in reverse order. Nothing is created at import time.
+the producer of dead letters and plans, the writer task, the metrics endpoint, the retention sweep, the
+plan catch-up and the liveness watch) and releases them in reverse order. Nothing is created at import time.
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ from prometheus_client import CollectorRegistry, start_http_server
 from warmplane.services.planner.core.node_cache import NodeCache
 from warmplane.services.planner.fleet_reactions import FleetReactor
 from warmplane.services.planner.ingestor import Ingestor, Offsets, Partition
+from warmplane.services.planner.liveness import LivenessWatch
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_fleet import PgFleetStore
+from warmplane.services.planner.pg_liveness import PgLivenessStore
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.pg_retention import sweep_history, sweep_paths, sweep_statistics
 from warmplane.services.planner.pg_store import PgIngestStore
@@ -199,6 +201,9 @@ async def _resources(
             ring=settings.routing,
             max_plan_bytes=kafka.max_event_bytes,
         )
+        liveness = LivenessWatch(
+            store=PgLivenessStore(pool), publisher=publisher, settings=settings.heartbeat, metrics=metrics
+        )
         reactor = FleetReactor(
             issuer=issuer,
             store=PgFleetStore(pool),
@@ -206,6 +211,7 @@ async def _resources(
             cold_start=settings.cold_start,
             bucket_seconds=ingest.bucket_seconds,
             metrics=metrics,
+            liveness=liveness,
         )
         ingestor = Ingestor(
             codec=codec,
@@ -230,6 +236,8 @@ async def _resources(
             _catch_up_forever(issuer, reactor, settings.plans), name="planner-catch-up"
         )
         stack.push_async_callback(_cancel, catcher)
+        watch = asyncio.create_task(liveness.run_forever(), name="planner-liveness")
+        stack.push_async_callback(_cancel, watch)
         yield ingestor
 
 

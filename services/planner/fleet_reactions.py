@@ -14,8 +14,9 @@
   the moment it was saturated). New replicas are planned by their own `replica.started`, which their
   warmer announces before the engine loads and holds `/ready` on, so they are warm before they take
   traffic.
-- `replica.draining_started`: one replica leaves for good (its pod deleted): as for a scale-down, the
-  ready replicas are planned for the keys they take from it.
+- `replica.draining_started`, `replica.lost`: one replica leaves for good (its pod deleted, or its node
+  lost: `liveness.py`): as for a scale-down, the ready replicas are planned for the keys they take from it.
+- `replica.heartbeat`: handed to the liveness watch, which puts back a replica marked lost that still serves.
 - `replica.rewarm_requested` (the API's re-warm action): plans that replica in full, as if it held
   nothing, flagged `rewarm` so its warmer warms even what it believes it holds.
 - `warm.finished`: the plan outcomes that stood (the first for each plan) are counted
@@ -34,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -57,6 +58,8 @@ from warmplane.shared.events import (
     Event,
     FleetScaled,
     ReplicaDrainingStarted,
+    ReplicaHeartbeat,
+    ReplicaLost,
     ReplicaRewarmRequested,
     ReplicaStarted,
     WarmFinished,
@@ -86,6 +89,13 @@ class FleetStore(Protocol):
     async def clear_alarm(self, model: str, at: datetime) -> bool: ...
 
 
+class Liveness(Protocol):
+    """What reactions tell the liveness watch (`liveness.LivenessWatch`): the batch's heartbeats."""
+
+    async def heard(self, beats: Mapping[str, ReplicaHeartbeat]) -> object:
+        """Never raises."""
+
+
 class EventPublisher(Protocol):
     async def publish(self, event: Event) -> None:
         """Return once the broker acknowledged `event` (on its family's topic); raise if it did not."""
@@ -104,7 +114,9 @@ class FleetReactor:
         bucket_seconds: int,
         metrics: PlannerMetrics,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        liveness: Liveness | None = None,
     ) -> None:
+        self._liveness = liveness
         self._issuer = issuer
         self._store = store
         self._publisher = publisher
@@ -126,8 +138,10 @@ class FleetReactor:
         if starts:
             await self._issuer.issue_all(starts)
         for leaving in batch.replica_events:
-            if isinstance(leaving, ReplicaDrainingStarted):
-                await self._guarded(self._left(leaving), f"the drain of {leaving.replica}")
+            if isinstance(leaving, ReplicaDrainingStarted | ReplicaLost):
+                await self._guarded(self._left(leaving), f"the leaving of {leaving.replica}")
+        if self._liveness is not None:
+            await self._liveness.heard(batch.heartbeats)
         for change in batch.fleet_changes:
             await self._guarded(self._react(change), f"{type(change).__name__} {change.event_id}")
         if self._watch_cold_starts:
@@ -182,11 +196,16 @@ class FleetReactor:
                 f"plan {plans[0].plan_id}" if plans else "not live, or already planned for it",
             )
 
-    async def _left(self, drain: ReplicaDrainingStarted) -> None:
+    async def _left(self, leaving: ReplicaDrainingStarted | ReplicaLost) -> None:
         """A replica is leaving for good: the ready replicas take its keys, so plan them for what they lack
-        (as for a scale-down; the drain is the trigger, so a redelivered one plans nothing twice)."""
-        log.info("%s is draining: planning the ready replicas of %s again", drain.replica, drain.model.name)
-        await self._issuer.plan_live(drain.model.name, drain.event_id, states=READY)
+        (as for a scale-down; the event is the trigger, so a redelivered one plans nothing twice)."""
+        log.info(
+            "%s is %s: planning the ready replicas of %s again",
+            leaving.replica,
+            "lost" if isinstance(leaving, ReplicaLost) else "draining",
+            leaving.model.name,
+        )
+        await self._issuer.plan_live(leaving.model.name, leaving.event_id, states=READY)
 
     async def _deploy(self, deploy: DeployStarted | DeployFinished) -> None:
         """Bump the epochs the deploy makes stale, publish the bumps, and plan the new epochs."""

@@ -368,9 +368,7 @@ class Ingestor:
         self._metrics.duplicates.inc(work.duplicates)
         for kind, count in Counter(map(type, work.events)).items():
             self._metrics.events.labels(type=event_type(kind)).inc(count)
-        if (
-            batch.replica_events or batch.fleet_changes or batch.plan_results or batch.requests.leaves
-        ) and self._after_commit:
+        if (batch.has_records or batch.requests.leaves) and self._after_commit:
             await self._after_commit(batch)
         if not self._broker_commits:
             return

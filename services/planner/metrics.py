@@ -71,6 +71,14 @@ class PlannerMetrics:
         )
         for outcome in ("verified", "partial", "failed"):
             self.plan_outcomes.labels(outcome)  # at 0 from the start: increase() misses a series' first step
+        self.replica_liveness = Counter(
+            "warmplane_planner_replica_liveness",
+            "Replicas announced lost (their heartbeats stopped while the fleet's went on), and back",
+            ["change"],  # lost, returned
+            registry=registry,
+        )
+        for change in ("lost", "returned"):
+            self.replica_liveness.labels(change)
         self.consumer_lag = Gauge(
             "warmplane_planner_consumer_lag",
             "Events on each assigned partition not yet read (log end offset minus position)",

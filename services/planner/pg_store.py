@@ -24,7 +24,14 @@ import msgspec
 from warmplane.services.planner.core.ingest_batch import IngestBatch, Scope
 from warmplane.services.planner.core.recent_ids import pack_ids, unpack_ids
 from warmplane.services.planner.pg_residency import record_residency
-from warmplane.shared.events import EpochBumped, Event, ReplicaEvent, WarmFinished, WarmProgressed
+from warmplane.shared.events import (
+    EpochBumped,
+    Event,
+    ReplicaEvent,
+    ReplicaLost,
+    WarmFinished,
+    WarmProgressed,
+)
 
 _json = msgspec.json.Encoder()
 log = logging.getLogger(__name__)
@@ -66,9 +73,10 @@ VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING
 # an endpoint or capacity is kept from whichever event carried one, the latest such when several did.
 UPSERT_REPLICA = """
 INSERT INTO replicas AS r (replica_id, node, model, model_revision, endpoint, state, state_since,
-                           kv_capacity_tokens, reason, last_event_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                           kv_capacity_tokens, reason, last_event_id, heard_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 ON CONFLICT (replica_id) DO UPDATE SET
+    heard_at = greatest(r.heard_at, excluded.heard_at),
     endpoint = CASE WHEN excluded.endpoint <> ''
                          AND (r.endpoint = '' OR r.state_since <= excluded.state_since)
                     THEN excluded.endpoint ELSE r.endpoint END,
@@ -84,6 +92,11 @@ ON CONFLICT (replica_id) DO UPDATE SET
     last_event_id = CASE WHEN r.state_since <= excluded.state_since
                          THEN excluded.last_event_id ELSE r.last_event_id END,
     state_since = greatest(r.state_since, excluded.state_since)
+"""
+# A heartbeat only says the replica's warmer is alive: it changes no state.
+RECORD_HEARD = """
+UPDATE replicas AS r SET heard_at = greatest(r.heard_at, h.at)
+FROM unnest($1::text[], $2::timestamptz[]) AS h(replica_id, at) WHERE r.replica_id = h.replica_id
 """
 RECORD_FLEET_CHANGE = """
 INSERT INTO fleet_changes (event_id, type, tenant, model, revision, occurred_at, body)
@@ -313,10 +326,13 @@ class PgIngestStore:
         return {scope: self._scope_ids[scope] for scope in scopes}
 
     async def _record_fleet(self, connection: asyncpg.Connection, batch: IngestBatch) -> None:
-        """Replica transitions, fleet changes, plan results and residency reports: few per batch, one
-        statement each."""
+        """Replica transitions and heartbeats, fleet changes, plan results and residency reports: few per
+        batch, one statement each."""
         for event in batch.replica_events:
             await self._record_replica(connection, event)
+        if batch.heartbeats:
+            beats = list(batch.heartbeats.values())
+            await connection.execute(RECORD_HEARD, [b.replica for b in beats], [b.occurred_at for b in beats])
         for change in batch.fleet_changes:
             await connection.execute(
                 RECORD_FLEET_CHANGE,
@@ -380,6 +396,8 @@ class PgIngestStore:
             event.kv_capacity_tokens,
             event.reason,
             event.event_id,
+            # Heard from its warmer; a loss is the planner's word, which says nothing of the replica.
+            None if isinstance(event, ReplicaLost) else event.occurred_at,
         )
 
     async def sweep(self, *, ledger_before: datetime, catalog_before: datetime) -> tuple[int, int]:

@@ -7,7 +7,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, Field, model_validator
 
 from warmplane.services.planner.policy import PolicyKnobs
-from warmplane.shared.settings import DatabaseSettings
+from warmplane.shared.settings import DatabaseSettings, HeartbeatSettings
 
 _KNOBS = PolicyKnobs()
 """The policy's defaults, which the trace evaluator measures too."""
@@ -180,6 +180,7 @@ class PlannerSettings(DatabaseSettings):
     plans: PlanSettings = PlanSettings()
     routing: RingSettings = RingSettings()
     cold_start: ColdStartSettings = ColdStartSettings()
+    heartbeat: HeartbeatSettings = HeartbeatSettings()
     metrics_port: Annotated[int, Field(ge=0, le=65_535)] = 9464
     """Port of the Prometheus endpoint; 0 turns it off."""
 

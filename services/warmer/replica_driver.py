@@ -27,6 +27,7 @@ from warmplane.services.warmer.settings import EngineSettings, WarmSettings
 from warmplane.services.warmer.vllm_client import EngineClient
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
+    HEARTBEATING_STATES,
     Event,
     HeldPrefixes,
     ModelRef,
@@ -34,6 +35,7 @@ from warmplane.shared.events import (
     ReplicaCrashed,
     ReplicaDrainingStarted,
     ReplicaEvent,
+    ReplicaHeartbeat,
     ReplicaResidency,
     ReplicaStarted,
     ReplicaStopped,
@@ -118,6 +120,21 @@ class ReplicaDriver:
             self.plan_latency_s = latency
             self._metrics.plan_latency.observe(latency)
         self._wake.set()
+
+    def heartbeat(self) -> ReplicaHeartbeat | None:
+        """This replica's heartbeat now, or None in a phase that sends none (crashed, stopped)."""
+        state = _LIFECYCLE[self.tracker.phase].STATE
+        if state not in HEARTBEATING_STATES:
+            return None
+        return ReplicaHeartbeat(
+            event_id=new_event_id(),
+            occurred_at=self._clock(),
+            producer=self._producer,
+            model=self._model,
+            replica=self.replica,
+            node=self.node,
+            state=state,
+        )
 
     def progress(self) -> RunReport | None:
         """The running plan's report so far, else the last finished one's."""

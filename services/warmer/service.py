@@ -1,12 +1,13 @@
 """The warmer of one node: reads the plans topic, drives its replicas, reports, serves readiness.
 
-`Warmer` owns a producer (lifecycle and warm results, acknowledged and retried in order through one
-outbox), a consumer of the plans topic in the node's own group (`<group_id_prefix>-<node>`, from the
-earliest offset: every node reads every plan and keeps its own), one `ReplicaDriver` per engine, and the
-HTTP server of `/ready`. A plan is handed to its replica's tracker before its offset is committed; a
-redelivered plan is recognised by id and applied once. Plans for another node are skipped; a plan for a
-replica this warmer does not drive, or one its tracker refuses (older epoch, past its deadline, for an
-earlier start), is answered with a `warm.finished` that says why.
+`Warmer` owns a producer (lifecycle, heartbeats and warm results, acknowledged and retried in order
+through one outbox), a consumer of the plans topic in the node's own group (`<group_id_prefix>-<node>`,
+from the earliest offset: every node reads every plan and keeps its own), one `ReplicaDriver` per
+engine, a heartbeat for each live replica every `WARMPLANE_HEARTBEAT__INTERVAL_S`, and the HTTP server of
+`/ready`. A plan is handed to its replica's tracker before its offset is committed; a redelivered plan is
+recognised by id and applied once. Plans for another node are skipped; a plan for a replica this warmer
+does not drive, or one its tracker refuses (older epoch, past its deadline, for an earlier start), is
+answered with a `warm.finished` that says why.
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ class Warmer:
                     timeout_s=kafka.request_timeout_ms / 1000,
                 ),
             )
+            self._spawn("heartbeats", self._heartbeat_forever())
             for engine in self.settings.engines:
                 self.add_engine(engine)
         except BaseException:
@@ -281,6 +283,16 @@ class Warmer:
             self.metrics.plans.labels("dropped").inc()
             log.info("replica %s: dropped plan %s: %s", plan.replica, plan.plan_id, decision.reason)
             driver.refuse(plan, decision.reason)
+
+    async def _heartbeat_forever(self) -> None:
+        """Say every heartbeat interval that each replica this warmer drives is still alive (in the
+        phases that send one), through the outbox: the planner marks a replica whose heartbeats stop
+        while the rest of the fleet's go on as lost."""
+        while True:
+            await asyncio.sleep(self.settings.heartbeat.interval_s)
+            for driver in list(self.drivers.values()):
+                if (beat := driver.heartbeat()) is not None:
+                    self._outbox.put_nowait(beat)
 
     async def _drain_outbox(self, publisher: KafkaEventPublisher) -> None:
         """Publish queued events in order, all that are waiting in one round of acknowledgements; events

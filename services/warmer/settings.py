@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, Field, SecretStr, model_validator
 
-from warmplane.shared.settings import WarmplaneSettings
+from warmplane.shared.settings import HeartbeatSettings, WarmplaneSettings
 
 Seconds = Annotated[float, Field(gt=0)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
@@ -153,6 +153,7 @@ class WarmerSettings(WarmplaneSettings):
     warm: WarmSettings = WarmSettings()
     readiness: ReadinessSettings = ReadinessSettings()
     drain: DrainSettings = DrainSettings()
+    heartbeat: HeartbeatSettings = HeartbeatSettings()
     http_host: str = "0.0.0.0"  # noqa: S104 - a readiness probe reaches the pod from outside it
     http_port: Annotated[int, Field(ge=0, le=65_535)] = 8090
     """Port of `/ready`, `/status`, `/healthz` and `/metrics`; 0 picks a free one."""

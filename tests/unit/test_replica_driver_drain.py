@@ -38,9 +38,8 @@ class _DrainingEngine(_SilentEngine):
         return self.alive
 
 
-async def drained(engine: _DrainingEngine, *, timeout_s: float = 30.0) -> list[ReplicaEvent]:
-    published: list[Event] = []
-    driver = ReplicaDriver(
+def driving(engine: _DrainingEngine, published: list[Event]) -> ReplicaDriver:
+    return ReplicaDriver(
         node="node-0",
         engine=EngineSettings(replica="replica-0", url="http://127.0.0.1:9", served_model="m"),
         client=engine,
@@ -51,6 +50,11 @@ async def drained(engine: _DrainingEngine, *, timeout_s: float = 30.0) -> list[R
         metrics=WarmerMetrics(CollectorRegistry()),
         clock=lambda: datetime.now(UTC),
     )
+
+
+async def drained(engine: _DrainingEngine, *, timeout_s: float = 30.0) -> list[ReplicaEvent]:
+    published: list[Event] = []
+    driver = driving(engine, published)
     await driver.drain("SIGTERM", settle_s=0, timeout_s=timeout_s)
     assert driver.tracker.phase is Phase.STOPPED
     return [event for event in published if isinstance(event, ReplicaEvent)]
@@ -79,3 +83,19 @@ async def test_a_drain_that_outlasts_its_timeout_stops_anyway_and_says_how_many_
     (_, stopped) = await drained(_DrainingEngine(counts), timeout_s=0.01)
 
     assert stopped.reason == f"drain timed out after 0.01 s with {said} requests in flight"
+
+
+async def test_a_replica_sends_heartbeats_while_it_drains_and_none_once_stopped() -> None:
+    driver = driving(_DrainingEngine([1, 0]), [])
+    driver.tracker.start()
+    starting = driver.heartbeat()
+    assert starting is not None and (starting.replica, starting.node, starting.state) == (
+        "replica-0",
+        "node-0",
+        "starting",
+    )
+    driver.tracker.drain("SIGTERM")
+    draining = driver.heartbeat()
+    assert draining is not None and draining.state == "draining"
+    await driver.drain("SIGTERM", settle_s=0, timeout_s=30)
+    assert driver.heartbeat() is None

@@ -26,6 +26,7 @@ from warmplane.shared.events import (
     PrefixMissed,
     PrefixPayload,
     ReplicaEvent,
+    ReplicaHeartbeat,
     ReplicaResidency,
     ReplicaRewarmRequested,
     RequestObserved,
@@ -122,6 +123,8 @@ class IngestBatch:
     replica_events: list[ReplicaEvent] = field(default_factory=list)
     fleet_changes: list[Event] = field(default_factory=list)
     plan_results: list[WarmProgressed | WarmFinished] = field(default_factory=list)
+    heartbeats: dict[str, ReplicaHeartbeat] = field(default_factory=dict)
+    """Each replica's newest heartbeat in the batch."""
     residency: dict[str, ReplicaResidency] = field(default_factory=dict)
     """Each replica's newest residency report in the batch (`newer_report`): a report replaces the whole
     of an earlier one, so the others would be overwritten in the same transaction."""
@@ -130,7 +133,9 @@ class IngestBatch:
     @property
     def has_records(self) -> bool:
         """Whether the batch holds more than counters: rows written beside the batch's counts."""
-        return bool(self.replica_events or self.fleet_changes or self.plan_results or self.residency)
+        return any(
+            (self.replica_events, self.heartbeats, self.fleet_changes, self.plan_results, self.residency)
+        )
 
     def edges(self) -> dict[NodeKey, ChainEdge]:
         """Every prefix the paths add, with its edge (for readers; the store writes the paths)."""
@@ -177,14 +182,24 @@ def fold_events(events: Iterable[Event], *, stored_nodes: Set[NodeKey]) -> Inges
             batch.fleet_changes.append(event)
         elif isinstance(event, WarmProgressed | WarmFinished):
             batch.plan_results.append(event)
-        elif isinstance(event, ReplicaResidency):
-            kept = batch.residency.get(event.replica)
-            batch.residency[event.replica] = event if kept is None else newer_report(kept, event)
+        elif isinstance(event, ReplicaHeartbeat | ReplicaResidency):
+            _keep_newest(batch, event)
         else:
             batch.ignored += 1
     if misses:
         _fold_misses(batch.misses, misses)
     return batch
+
+
+def _keep_newest(batch: IngestBatch, event: ReplicaHeartbeat | ReplicaResidency) -> None:
+    """Keep of each replica's heartbeats the latest, and of its residency reports the one that stands."""
+    if isinstance(event, ReplicaHeartbeat):
+        beat = batch.heartbeats.get(event.replica)
+        if beat is None or beat.occurred_at < event.occurred_at:
+            batch.heartbeats[event.replica] = event
+        return
+    kept = batch.residency.get(event.replica)
+    batch.residency[event.replica] = event if kept is None else newer_report(kept, event)
 
 
 def newer_report(a: ReplicaResidency, b: ReplicaResidency) -> ReplicaResidency:
