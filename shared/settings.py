@@ -7,6 +7,7 @@ Example: `WARMPLANE_KAFKA__BOOTSTRAP_SERVERS=kafka-0:9092`, `WARMPLANE_POSTGRES_
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -289,8 +290,8 @@ class EmitterSettings(BaseModel):
 def settings_environment(settings: BaseSettings) -> dict[str, str]:
     """`settings` as the environment variables that reproduce them in another process.
 
-    Nested models flatten with `__` under the class's prefix; secrets are revealed (the result is for
-    a child process's environment, never for a log).
+    Nested models flatten with `__` under the class's prefix; lists and maps are JSON, as the settings read
+    them; secrets are revealed (the result is for a child process's environment, never for a log).
     """
     prefix = str(settings.model_config.get("env_prefix", ""))
     environment: dict[str, str] = {}
@@ -301,8 +302,23 @@ def settings_environment(settings: BaseSettings) -> dict[str, str]:
                 flatten(f"{path}__{name.upper()}" if path else name.upper(), getattr(value, name))
         elif isinstance(value, SecretStr):
             environment[prefix + path] = value.get_secret_value()
+        elif isinstance(value, list | tuple | set | frozenset | dict):
+            environment[prefix + path] = json.dumps(_revealed(value))
         elif value is not None:
             environment[prefix + path] = str(value)
 
     flatten("", settings)
     return environment
+
+
+def _revealed(value: object) -> object:
+    """`value` as plain JSON data, secrets as their values."""
+    if isinstance(value, BaseModel):
+        return {name: _revealed(getattr(value, name)) for name in type(value).model_fields}
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, dict):
+        return {str(key): _revealed(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_revealed(item) for item in value]
+    return value

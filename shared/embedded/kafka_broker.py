@@ -13,6 +13,7 @@ import concurrent.futures
 import importlib.resources
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -34,7 +35,7 @@ def tansu_binary() -> Path:
 
 
 class EmbeddedKafka(EmbeddedPart):
-    """One in-memory Tansu broker on ``127.0.0.1``; ``bootstrap_servers`` is its address."""
+    """One in-memory Tansu broker on ``host`` (``127.0.0.1``); ``bootstrap_servers`` is its address."""
 
     name: ClassVar[str] = "kafka"
 
@@ -42,15 +43,25 @@ class EmbeddedKafka(EmbeddedPart):
         self,
         workdir: Path,
         *,
+        host: str = "127.0.0.1",
         port: int | None = None,
         advertised: str | None = None,
         start_timeout_s: float = 15.0,
         stop_timeout_s: float = 10.0,
+        wrapper: Sequence[str] = (),
     ) -> None:
         """`advertised` (`host:port`) is the address the broker tells clients to reach it at, when that is
         not its own: a TLS terminator in front of it (the broker has no TLS listener). It is then ready
-        once its port is open, since a plain client cannot reach the advertised address."""
-        super().__init__(workdir, port=port, start_timeout_s=start_timeout_s, stop_timeout_s=stop_timeout_s)
+        once its port is open, since a plain client cannot reach the advertised address. `host`, `wrapper`:
+        `EmbeddedPart`'s."""
+        super().__init__(
+            workdir,
+            host=host,
+            port=port,
+            start_timeout_s=start_timeout_s,
+            stop_timeout_s=stop_timeout_s,
+            wrapper=wrapper,
+        )
         self.advertised = advertised
 
     @property
@@ -72,7 +83,7 @@ class EmbeddedKafka(EmbeddedPart):
         ]
         # Tansu's tracing output is ANSI-coloured unless NO_COLOR is set; the log file should be plain text.
         env = {**os.environ, "NO_COLOR": "1"}
-        return start_process(argv, self.log_path, cwd=self.workdir, env=env)
+        return start_process([*self.wrapper, *argv], self.log_path, cwd=self.workdir, env=env)
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
         wait_for_port(

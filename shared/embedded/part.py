@@ -19,6 +19,7 @@ import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import ClassVar, Self
@@ -48,8 +49,12 @@ class EmbeddedPart(ABC):
         port: int | None = None,
         start_timeout_s: float = 30.0,
         stop_timeout_s: float = 10.0,
+        wrapper: Sequence[str] = (),
     ) -> None:
+        """`wrapper` is a command the server runs under (`ip netns exec NAME`: a network namespace of the
+        caller's, where `host` is one of its addresses and `port` must be given)."""
         self.workdir = Path(workdir).absolute()
+        self.wrapper = tuple(wrapper)
         self.host = host
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s

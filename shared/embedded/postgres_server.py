@@ -16,7 +16,7 @@ import re
 import signal
 import stat
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -53,7 +53,7 @@ def postgres_bin_dir() -> Path:
 
 
 class EmbeddedPostgres(EmbeddedPart):
-    """One PostgreSQL 18 server on ``127.0.0.1`` with database ``database`` created at first start.
+    """One PostgreSQL 18 server on ``host`` (``127.0.0.1``) with database ``database`` created at first start.
 
     ``settings`` are extra or overriding ``-c name=value`` server settings, merged over
     :data:`DEFAULT_SETTINGS`. The data directory survives ``stop()`` and ``kill()``, so a later
@@ -74,8 +74,17 @@ class EmbeddedPostgres(EmbeddedPart):
         port: int | None = None,
         start_timeout_s: float = 60.0,
         stop_timeout_s: float = 30.0,
+        host: str = "127.0.0.1",
+        wrapper: Sequence[str] = (),
     ) -> None:
-        super().__init__(workdir, port=port, start_timeout_s=start_timeout_s, stop_timeout_s=stop_timeout_s)
+        super().__init__(
+            workdir,
+            host=host,
+            port=port,
+            start_timeout_s=start_timeout_s,
+            stop_timeout_s=stop_timeout_s,
+            wrapper=wrapper,
+        )
         if not _IDENTIFIER.fullmatch(database):
             raise ValueError(f"database name must be a plain lower-case identifier, got {database!r}")
         self.database = database
@@ -112,11 +121,23 @@ class EmbeddedPostgres(EmbeddedPart):
         self._prepare_dirs()
         if not (self.data_dir / "PG_VERSION").exists():
             self._initdb(deadline)
+            if self.host not in {"127.0.0.1", "localhost", "::1"}:
+                # initdb trusts loopback only; on an address of a host of its own (a test's network
+                # namespace), trust the subnets the server is on, where its clients are.
+                with (self.data_dir / "pg_hba.conf").open("a") as hba:
+                    hba.write("host all all samenet trust\n")
         argv = [str(self._bin / "postgres"), "-D", str(self.data_dir), "-p", str(self.port)]
         argv += ["-k", self._socket_dir_arg(), "-c", f"listen_addresses={self.host}"]
         for key, value in self.settings.items():
             argv += ["-c", f"{key}={value}"]
-        return start_process(argv, self.log_path, cwd=self.workdir, env=_clean_env(), user=self.system_user)
+        user = self.system_user
+        if self.wrapper and user is not None:  # the wrapper needs root (a namespace's): switch after it
+            entry = pwd.getpwnam(user)
+            argv = ["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--clear-groups", *argv]
+            user = None
+        return start_process(
+            [*self.wrapper, *argv], self.log_path, cwd=self.workdir, env=_clean_env(), user=user
+        )
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
         wait_until(

@@ -145,7 +145,8 @@ class EmbeddedVllm(EmbeddedPart):
     two engines side by side each get a core. ``cpu_affinity`` confines the whole server (its API process,
     engine core and workers, whatever they spawn) to those cores with ``taskset``, so that an engine starting
     beside a busy one does not take its core: two replicas on one machine behave more like two machines.
-    ``extra_args`` are appended to the server's command line.
+    ``extra_args`` are appended to the server's command line. ``host``, ``wrapper``: ``EmbeddedPart``'s;
+    ``listen_host`` is what the server binds, when that is not ``host``.
     """
 
     name: ClassVar[str] = "vllm"
@@ -167,8 +168,20 @@ class EmbeddedVllm(EmbeddedPart):
         port: int | None = None,
         start_timeout_s: float = 300.0,
         stop_timeout_s: float = 15.0,
+        host: str = "127.0.0.1",
+        listen_host: str | None = None,
+        wrapper: Sequence[str] = (),
     ) -> None:
-        super().__init__(workdir, port=port, start_timeout_s=start_timeout_s, stop_timeout_s=stop_timeout_s)
+        super().__init__(
+            workdir,
+            host=host,
+            port=port,
+            start_timeout_s=start_timeout_s,
+            stop_timeout_s=stop_timeout_s,
+            wrapper=wrapper,
+        )
+        self.listen_host = listen_host or host
+        """What the server binds (`0.0.0.0`: every address of its host); `host` is where it is reached."""
         self.venv = vllm_venv(venv)
         self.model_dir = Path(model_dir).absolute()
         if not (self.model_dir / "config.json").is_file():
@@ -245,9 +258,10 @@ class EmbeddedVllm(EmbeddedPart):
     def command(self) -> list[str]:
         """The server's argv (needs the port, so only meaningful once ``start()`` chose it)."""
         pinned = ["taskset", "-c", ",".join(map(str, self.cpu_affinity))] if self.cpu_affinity else []
-        argv = [*pinned, str(self.venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
+        argv = [*self.wrapper, *pinned, str(self.venv / "bin" / "python")]
+        argv += ["-m", "vllm.entrypoints.openai.api_server"]
         argv += ["--model", str(self.model_dir), "--served-model-name", *self.served_model_names]
-        argv += ["--host", self.host, "--port", str(self.port)]
+        argv += ["--host", self.listen_host, "--port", str(self.port)]
         argv += ["--enable-prefix-caching", "--block-size", str(BLOCK_SIZE), "--enable-prompt-tokens-details"]
         argv += ["--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--scheduling-policy", "priority"]
         if self.kv_events:

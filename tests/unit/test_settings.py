@@ -229,6 +229,24 @@ def test_settings_survive_a_trip_through_the_environment(monkeypatch: pytest.Mon
     assert load_settings(PlannerSettings) == original
 
 
+def test_lists_maps_and_their_secrets_survive_a_trip_through_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    original = WarmerSettings(
+        node="node-1",
+        engines=[{"replica": "r0", "url": "http://127.0.0.1:8000", "announce_url": "http://10.0.0.7:8000",
+                  "served_model": "m", "block_size": 32}],
+        tenant_secrets={"acme": "a-secret"},
+        unsalted_tenants=["open"],
+        event_keys=["a-shared-event-key-of-32-characters-at-least"],
+    )  # fmt: skip
+    environment = settings_environment(original)
+    assert json.loads(environment["WARMPLANE_TENANT_SECRETS"]) == {"acme": "a-secret"}
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    assert load_settings(WarmerSettings) == original
+
+
 def test_the_planners_policy_settings_refuse_half_a_seconds_budget_and_inverted_hysteresis(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
