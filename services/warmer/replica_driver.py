@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from warmplane.services.warmer.core.replica import Phase, ReplicaTracker, RunOrder, Transition, held_key
 from warmplane.services.warmer.metrics import WarmerMetrics
@@ -126,15 +127,7 @@ class ReplicaDriver:
         state = _LIFECYCLE[self.tracker.phase].STATE
         if state not in HEARTBEATING_STATES:
             return None
-        return ReplicaHeartbeat(
-            event_id=new_event_id(),
-            occurred_at=self._clock(),
-            producer=self._producer,
-            model=self._model,
-            replica=self.replica,
-            node=self.node,
-            state=state,
-        )
+        return ReplicaHeartbeat(event_id=new_event_id(), **self._envelope(), state=state)
 
     def progress(self) -> RunReport | None:
         """The running plan's report so far, else the last finished one's."""
@@ -341,11 +334,7 @@ class ReplicaDriver:
         self._publish(
             ReplicaResidency(
                 event_id=new_event_id(),
-                occurred_at=self._clock(),
-                producer=self._producer,
-                model=self._model,
-                replica=self.replica,
-                node=self.node,
+                **self._envelope(),
                 incarnation=incarnation,
                 held=held,
                 lost=lost,
@@ -360,6 +349,16 @@ class ReplicaDriver:
     @property
     def _producer(self) -> str:
         return f"warmer/{self.node}"
+
+    def _envelope(self) -> dict[str, Any]:
+        """The fields every event about this replica carries, as of now."""
+        return {
+            "occurred_at": self._clock(),
+            "producer": self._producer,
+            "model": self._model,
+            "replica": self.replica,
+            "node": self.node,
+        }
 
     def _report(self, transitions: list[Transition]) -> None:
         for transition in transitions:
@@ -378,11 +377,7 @@ class ReplicaDriver:
             self._publish(
                 _LIFECYCLE[transition.phase](
                     event_id=transition.event_id,
-                    occurred_at=self._clock(),
-                    producer=self._producer,
-                    model=self._model,
-                    replica=self.replica,
-                    node=self.node,
+                    **self._envelope(),
                     endpoint=self.engine.announced_url,
                     kv_capacity_tokens=self.kv_capacity_tokens,
                     reason=transition.reason[:2048],
