@@ -42,11 +42,14 @@ _CHANNELS: Final = {
     "lifecycle": "Replica lifecycle (warmers), deploys, scaling, epochs and re-warm requests (the API, "
     "deploy tooling, autoscalers, the planner). Consumers accept only signed records when event keys are "
     "set.",
+    "heartbeats": "Each warmer's word, every heartbeat interval, that its replicas live; read by planners "
+    "only (a replica whose heartbeats stop is announced lost on the lifecycle topic), kept an hour. Signed "
+    "when event keys are set.",
     "plans": "Warm plans, from the planner to each node's warmer. Signed when event keys are set.",
     "warm-results": "Warm progress, outcomes and residency, from the warmers.",
 }
 """Channel (the topic's name after the prefix) → what flows on it; which events do is `Topics`' to say."""
-_SIGNED: Final = frozenset({"lifecycle", "plans"})
+_SIGNED: Final = frozenset({"lifecycle", "heartbeats", "plans"})
 
 
 def event_schema() -> dict[str, Any]:

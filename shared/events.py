@@ -182,10 +182,11 @@ class ReplicaLost(ReplicaStopped, kw_only=True, frozen=True, tag="replica.lost")
 
 class ReplicaHeartbeat(Event, kw_only=True, frozen=True, tag="replica.heartbeat"):
     """A warmer's word that it still drives `replica`, in `state`: sent every heartbeat interval while the
-    replica is in `HEARTBEATING_STATES`, on the lifecycle topic, keyed by replica (in order with its
-    transitions). Not a transition: it changes no state, and routers ignore it."""
+    replica is in `HEARTBEATING_STATES`, keyed by replica, on a topic of its own (routers replay the
+    lifecycle topic from its start, and would replay every heartbeat). Not a transition: it changes no
+    state."""
 
-    FAMILY = "lifecycle"
+    FAMILY = "heartbeat"
 
     replica: Name
     node: Name

@@ -11,6 +11,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from warmplane.shared.kafka_clients import client_security
 from warmplane.shared.settings import KafkaSettings
+from warmplane.shared.topics import topic_configs
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ async def ensure_topics(settings: KafkaSettings, topics: Iterable[str], *, timeo
         missing = [name for name in topics if name not in existing]
         if not missing:
             return
-        new = [NewTopic(name, settings.partitions, settings.replication_factor) for name in missing]
+        size = (settings.partitions, settings.replication_factor)
+        new = [NewTopic(name, *size, topic_configs=topic_configs(name)) for name in missing]
         try:
             async with asyncio.timeout(timeout_s):
                 await admin.create_topics(new)

@@ -77,7 +77,8 @@ class KafkaSettings(BaseModel):
     client_id: str = "warmplane"
     """Prefix of the client ids each service gives the broker (its logs and quotas name them)."""
     topic_prefix: str = Field("warmplane", pattern=r"^[A-Za-z0-9._-]{1,100}$")
-    """Topics are `<prefix>.requests`, `.misses`, `.lifecycle`, `.plans`, `.warm-results`, `.dead-letter`."""
+    """Topics are `<prefix>.requests`, `.misses`, `.lifecycle`, `.heartbeats`, `.plans`, `.warm-results`,
+    `.dead-letter`."""
     partitions: PositiveInt = 4
     """Partitions of the topics Warmplane creates."""
     replication_factor: PositiveInt = 1

@@ -41,6 +41,12 @@ class Topics:
         return f"{self.prefix}.lifecycle"
 
     @property
+    def heartbeats(self) -> str:
+        """Warmers' word that their replicas live (`replica.heartbeat`): read by planners, never replayed by
+        routers as the lifecycle topic is, and kept only `HEARTBEAT_RETENTION_MS`."""
+        return f"{self.prefix}{HEARTBEATS_SUFFIX}"
+
+    @property
     def plans(self) -> str:
         return f"{self.prefix}.plans"
 
@@ -61,13 +67,32 @@ class Topics:
         return _FAMILY_TOPIC[family](self)
 
     def all(self) -> tuple[str, ...]:
-        return (self.requests, self.misses, self.lifecycle, self.plans, self.warm_results, self.dead_letter)
+        return (
+            self.requests,
+            self.misses,
+            self.lifecycle,
+            self.heartbeats,
+            self.plans,
+            self.warm_results,
+            self.dead_letter,
+        )
+
+
+HEARTBEATS_SUFFIX: Final = ".heartbeats"
+HEARTBEAT_RETENTION_MS: Final = 3_600_000
+"""A heartbeat says something for a minute at most; an hour of them is plenty to look back on."""
+
+
+def topic_configs(topic: str) -> dict[str, str]:
+    """The configuration a topic of Warmplane's is created with (the broker's defaults otherwise)."""
+    return {"retention.ms": str(HEARTBEAT_RETENTION_MS)} if topic.endswith(HEARTBEATS_SUFFIX) else {}
 
 
 _FAMILY_TOPIC: Final[dict[str, Callable[[Topics], str]]] = {
     "request": lambda t: t.requests,
     "miss": lambda t: t.misses,
     "lifecycle": lambda t: t.lifecycle,
+    "heartbeat": lambda t: t.heartbeats,
     "fleet": lambda t: t.lifecycle,
     "plan": lambda t: t.plans,
     "warm_result": lambda t: t.warm_results,

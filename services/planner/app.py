@@ -120,6 +120,7 @@ def build_planner(settings: PlannerSettings) -> Planner:
         topics.requests,
         topics.misses,
         topics.lifecycle,
+        topics.heartbeats,
         topics.warm_results,
         batch=True,
         group_id=settings.ingest.group_id,
@@ -215,7 +216,7 @@ async def _resources(
         )
         ingestor = Ingestor(
             codec=codec,
-            signed=SignedTopics(signer, frozenset({topics.lifecycle})),
+            signed=SignedTopics(signer, frozenset({topics.lifecycle, topics.heartbeats})),
             store=store,
             dead_letters=KafkaDeadLetterSink(
                 producer, topics.dead_letter, ingest.group_id, kafka.commit_timeout_s

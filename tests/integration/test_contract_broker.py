@@ -106,6 +106,7 @@ async def test_golden_events_cross_the_broker_intact(embedded_kafka: EmbeddedKaf
         topics.requests,
         topics.misses,
         topics.lifecycle,
+        topics.heartbeats,
         topics.plans,
         topics.warm_results,
     }

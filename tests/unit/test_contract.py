@@ -91,7 +91,7 @@ def test_each_event_is_on_the_channel_it_is_published_to_with_its_key() -> None:
         for kind in c["messages"]
         if "headers" in document["components"]["messages"][kind] and name != "dead-letter"
     }
-    assert signed == {"lifecycle", "plans"}
+    assert signed == {"lifecycle", "heartbeats", "plans"}
 
 
 class _Fields:
