@@ -14,14 +14,24 @@ async def open_pool(
     postgres: PostgresSettings, *, init: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
 ) -> asyncpg.Pool:
     """A started pool (the caller closes it): at most `pool_size` connections, each opened within
-    `connect_timeout_s` and every statement bounded by `statement_timeout_ms`; `init` runs on each new
-    connection. Raises what asyncpg raises when Postgres cannot be reached."""
+    `connect_timeout_s`, every statement bounded by `statement_timeout_ms` (by the client and the server),
+    and what a connection whose peer vanished holds released after about `peer_timeout_s` (session
+    settings, set on each new connection rather than in the startup packet, which poolers such as PgBouncer
+    refuse); `init` runs on each new connection after them. Raises what asyncpg raises when Postgres
+    cannot be reached."""
+    session = "; ".join(f"SET {name} = {value}" for name, value in postgres.session_settings().items())
+
+    async def prepare(connection: asyncpg.Connection) -> None:
+        await connection.execute(session)
+        if init is not None:
+            await init(connection)
+
     pool: asyncpg.Pool = await asyncpg.create_pool(
         postgres.asyncpg_dsn(),
         min_size=1,
         max_size=postgres.pool_size,
         timeout=postgres.connect_timeout_s,
         command_timeout=postgres.statement_timeout_ms / 1000,
-        init=init,
+        init=prepare,
     )
     return pool

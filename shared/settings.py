@@ -123,6 +123,24 @@ class PostgresSettings(BaseModel):
     """How long opening a connection may take."""
     statement_timeout_ms: PositiveInt = 30_000
     """Longest a statement may run before Postgres cancels it."""
+    peer_timeout_s: Annotated[float, Field(ge=1, le=3600)] = 30.0
+    """About how long a connection whose other end vanished (its host cut off mid-transaction) may hold its
+    locks before the server ends it: a transaction left idle this long is aborted, and a connection whose
+    peer stops answering TCP is dropped (keepalives, `tcp_user_timeout`). Without it the kernel's defaults
+    let a cut-off planner's locks stop every other planner of its group for about two hours."""
+
+    def session_settings(self) -> dict[str, str]:
+        """The server's session settings each connection sets (`statement_timeout_ms`, `peer_timeout_s`);
+        the TCP ones are ignored on a Unix socket."""
+        peer = self.peer_timeout_s
+        return {
+            "statement_timeout": str(self.statement_timeout_ms),
+            "idle_in_transaction_session_timeout": str(round(peer * 1000)),
+            "tcp_keepalives_idle": str(max(1, round(peer / 3))),
+            "tcp_keepalives_interval": str(max(1, round(peer / 6))),
+            "tcp_keepalives_count": "3",
+            "tcp_user_timeout": str(round(peer * 1000)),
+        }
 
     @field_validator("url")
     @classmethod

@@ -4,22 +4,39 @@
 address on a private /24 (`address(host)`), and a switch (a bridge in a namespace of its own) that joins
 them and the test's own namespace (`test_address`). Hosts reach each other, and the test reaches them, only
 by those addresses; nothing is routed anywhere else. `HostProcess` runs a command inside a host (`ip netns
-exec`), in a process group of its own. Leaving the block kills what still runs there and deletes every
-namespace and link it made, however the test ends. Needs root (`ip netns`), as CI has.
+exec`), in a process group of its own; `cut` and `heal` take a host off the switch and back (a network
+partition). Leaving the block kills what still runs there and deletes every namespace and link it made,
+however the test ends. Needs root (`ip netns`), as CI has. `broker_on`, `database_on` and `service` run
+the embedded broker, PostgreSQL and Warmplane's services on a host.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
+import os
 import random
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from warmplane.shared.embedded.processes import kill_process_group, start_process, stop_process_group
+from pydantic_settings import BaseSettings
+
+from warmplane.shared import migrate
+from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres
+from warmplane.shared.embedded.processes import (
+    kill_process_group,
+    log_tail,
+    start_process,
+    stop_process_group,
+)
+from warmplane.shared.settings import KafkaSettings, settings_environment
 
 _IP_TIMEOUT_S = 10.0
 
@@ -115,6 +132,16 @@ class NetworkHosts:
         _ip("addr", "add", f"{self.test_address}/{prefix}", "dev", root)
         _ip("link", "set", root, "up")
 
+    def cut(self, host: str) -> None:
+        """Take `host` off the switch (its link down): a network partition, its processes running on."""
+        index = self.hosts.index(host)
+        _ip("link", "set", f"wp{self._run}h{index}", "down", netns=self.namespace(host))
+
+    def heal(self, host: str) -> None:
+        """Put `host` back on the switch."""
+        index = self.hosts.index(host)
+        _ip("link", "set", f"wp{self._run}h{index}", "up", netns=self.namespace(host))
+
     def start(
         self, host: str, argv: Sequence[str], log_path: Path, *, env: Mapping[str, str] | None = None
     ) -> HostProcess:
@@ -153,3 +180,48 @@ class HostProcess:
     def kill(self) -> None:
         """SIGKILL the whole group, as a lost node takes it. Idempotent."""
         kill_process_group(self.proc)
+
+
+@contextlib.contextmanager
+def broker_on(hosts: NetworkHosts, host: str, workdir: Path) -> Iterator[KafkaSettings]:
+    """The embedded broker on `host`; the settings every part reaches it with (fresh topics)."""
+    broker = EmbeddedKafka(
+        workdir / "kafka", host=hosts.address(host), port=9092, wrapper=hosts.wrapper(host)
+    )
+    kafka = KafkaSettings(
+        bootstrap_servers=broker.bootstrap_servers,
+        topic_prefix=f"mh{uuid.uuid4().hex[:8]}",
+        partitions=2,
+        session_timeout_ms=2_000,
+        heartbeat_interval_ms=500,
+        fetch_max_wait_ms=100,
+    )
+    with broker:
+        yield kafka
+
+
+@contextlib.asynccontextmanager
+async def database_on(hosts: NetworkHosts, host: str, workdir: Path) -> AsyncIterator[str]:
+    """PostgreSQL on `host`, migrated; its DSN."""
+    postgres = EmbeddedPostgres(
+        workdir / "postgres", host=hosts.address(host), port=5432, wrapper=hosts.wrapper(host)
+    )
+    with postgres:
+        await asyncio.to_thread(migrate.upgrade, postgres.sqlalchemy_url)
+        yield postgres.asyncpg_dsn
+
+
+def service(
+    hosts: NetworkHosts, host: str, command: str, settings: BaseSettings, workdir: Path
+) -> HostProcess:
+    """`warmplane <command>` on `host`, its settings given as the environment it reads in a pod."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARMPLANE_")}
+    env.update(settings_environment(settings))
+    log = workdir / f"{command}-{host}-{uuid.uuid4().hex[:6]}.log"
+    return hosts.start(host, [str(Path(sys.executable).with_name("warmplane")), command], log, env=env)
+
+
+def print_logs(folder: Path) -> None:
+    """The end of every part's log under `folder`, shown with a failure."""
+    for log in sorted(folder.rglob("*.log")):
+        print(f"--- {log.relative_to(folder)}\n{log_tail(log)}")

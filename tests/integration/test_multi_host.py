@@ -17,10 +17,9 @@ import asyncio
 import contextlib
 import os
 import random
-import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,17 @@ import asyncpg
 import httpx
 import pytest
 from pydantic import SecretStr
+from pydantic_settings import BaseSettings
 
 from tests.integration.gateway_harness import chat_body, headers
-from tests.integration.network_hosts import HostProcess, NetworkHosts
+from tests.integration.network_hosts import (
+    HostProcess,
+    NetworkHosts,
+    broker_on,
+    database_on,
+    print_logs,
+    service,
+)
 from tests.integration.planner_harness import events_on, poll_until
 from tests.integration.warmer_harness import conversation
 from warmplane.services.gateway.settings import GatewayOptions, GatewaySettings, RoutingSettings
@@ -43,9 +50,6 @@ from warmplane.services.warmer.settings import (
     WarmerSettings,
     WarmSettings,
 )
-from warmplane.shared import migrate
-from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres
-from warmplane.shared.embedded.processes import log_tail
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm, ensure_tiny_model
 from warmplane.shared.events import (
     ReplicaBecameReady,
@@ -55,7 +59,7 @@ from warmplane.shared.events import (
     WarmFinished,
     WarmPlanIssued,
 )
-from warmplane.shared.settings import HeartbeatSettings, KafkaSettings, PostgresSettings, settings_environment
+from warmplane.shared.settings import HeartbeatSettings, KafkaSettings, PostgresSettings
 from warmplane.shared.topics import Topics
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
@@ -80,14 +84,9 @@ class Fleet:
         self.kafka = kafka
         self.engines: dict[str, EmbeddedVllm] = {}
         self.warmers: dict[str, HostProcess] = {}
-        self._warmplane = str(Path(sys.executable).with_name("warmplane"))
 
-    def service(self, host: str, command: str, settings: Any) -> HostProcess:
-        """`warmplane <command>` on `host`, its settings given as the environment it reads in a pod."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("WARMPLANE_")}
-        env.update(settings_environment(settings))
-        log = self.workdir / f"{command}-{host}-{uuid.uuid4().hex[:6]}.log"
-        return self.hosts.start(host, [self._warmplane, command], log, env=env)
+    def service(self, host: str, command: str, settings: BaseSettings) -> HostProcess:
+        return service(self.hosts, host, command, settings, self.workdir)
 
     def warmer(self, node: str) -> HostProcess:
         engine = self.engines[node]
@@ -154,59 +153,22 @@ def engines_on(hosts: NetworkHosts, workdir: Path) -> Iterator[dict[str, Embedde
             engine.kill()
 
 
-@contextlib.asynccontextmanager
-async def database_on(hosts: NetworkHosts, workdir: Path) -> AsyncIterator[str]:
-    """PostgreSQL on the control host, migrated; its DSN."""
-    postgres = EmbeddedPostgres(
-        workdir / "postgres", host=hosts.address("control"), port=5432, wrapper=hosts.wrapper("control")
-    )
-    with postgres:
-        await asyncio.to_thread(migrate.upgrade, postgres.sqlalchemy_url)
-        yield postgres.asyncpg_dsn
-
-
-@contextlib.contextmanager
-def broker_on(hosts: NetworkHosts, workdir: Path) -> Iterator[KafkaSettings]:
-    """The broker on the control host; the settings every part reaches it with."""
-    control = hosts.address("control")
-    broker = EmbeddedKafka(
-        workdir / "kafka", host=control, port=BROKER_PORT, wrapper=hosts.wrapper("control")
-    )
-    run = uuid.uuid4().hex[:8]
-    kafka = KafkaSettings(
-        bootstrap_servers=broker.bootstrap_servers,
-        topic_prefix=f"mh{run}",
-        partitions=2,
-        session_timeout_ms=2_000,
-        heartbeat_interval_ms=500,
-        fetch_max_wait_ms=100,
-    )
-    with broker:
-        yield kafka
-
-
 async def test_two_nodes_and_a_control_host() -> None:
     rng = random.Random(uuid.uuid4().int)
     with (
         tempfile.TemporaryDirectory(prefix="warmplane-multi-host-") as folder,
         NetworkHosts(["control", *NODES]) as hosts,
         engines_on(hosts, Path(folder)) as engines,
-        broker_on(hosts, Path(folder)) as kafka,
+        broker_on(hosts, "control", Path(folder)) as kafka,
     ):
-        async with database_on(hosts, Path(folder)) as dsn:
+        async with database_on(hosts, "control", Path(folder)) as dsn:
             fleet = Fleet(hosts, Path(folder), kafka)
             fleet.engines = engines
             try:
                 await _scenario(fleet, dsn, rng)
             except BaseException:
-                _print_logs(Path(folder))
+                print_logs(Path(folder))
                 raise
-
-
-def _print_logs(folder: Path) -> None:
-    """The end of every part's log, shown with a failure."""
-    for log in sorted(folder.rglob("*.log")):
-        print(f"--- {log.relative_to(folder)}\n{log_tail(log)}")
 
 
 async def _scenario(fleet: Fleet, dsn: str, rng: random.Random) -> None:

@@ -307,3 +307,11 @@ def test_the_plans_frequency_half_life_is_the_longer_one_and_the_evaluator_measu
         evaluated.half_life,
         evaluated.frequency_half_life,
     )
+
+
+def test_a_vanished_peers_locks_are_bounded_by_the_session_settings() -> None:
+    session = PostgresSettings(statement_timeout_ms=20_000, peer_timeout_s=30).session_settings()
+    assert session["statement_timeout"] == "20000"
+    assert session["idle_in_transaction_session_timeout"] == session["tcp_user_timeout"] == "30000"
+    idle, interval, count = (int(session[f"tcp_keepalives_{k}"]) for k in ("idle", "interval", "count"))
+    assert idle + interval * count <= 30  # a silent peer is found within the bound
