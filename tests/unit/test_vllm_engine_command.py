@@ -1,11 +1,17 @@
-"""`EmbeddedVllm`'s command line and environment, built without starting anything (no socket, no engine)."""
+"""`EmbeddedVllm`'s command line and environment, built without starting anything (no socket, no engine),
+and its CPU priority, on a stand-in process group."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
-from warmplane.shared.embedded.vllm_engine import EmbeddedVllm
+from warmplane.shared.embedded.vllm_engine import EmbeddedVllm, yield_cpu
 
 
 def _engine(tmp_path: Path, cpu_affinity: tuple[int, ...] = (), workdir: Path | None = None) -> EmbeddedVllm:
@@ -45,3 +51,24 @@ def test_sockets_go_to_a_short_folder_when_the_workdir_leaves_no_room_for_their_
     (deep.ipc_dir / "tmp").mkdir(parents=True)
     deep.stop()
     assert not deep.ipc_dir.exists(), "removed at stop"
+
+
+def test_an_engine_and_what_it_spawned_yield_the_cpu_to_everything_else() -> None:
+    """`yield_cpu` reaches children already running (vLLM's engine core and workers) and the session's
+    autogroup, where the kernel has them."""
+    script = "import subprocess, time; subprocess.Popen(['sleep', '30']); time.sleep(30)"
+    leader = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        children = Path(f"/proc/{leader.pid}/task/{leader.pid}/children")
+        deadline = time.monotonic() + 10
+        while not children.read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the child is spawned by the leader: not a fixed wait, a bounded poll
+        [child] = map(int, children.read_text().split())
+        yield_cpu(leader.pid)
+        assert os.getpriority(os.PRIO_PROCESS, leader.pid) == os.getpriority(os.PRIO_PROCESS, child) == 19
+        autogroup = Path(f"/proc/{leader.pid}/autogroup")
+        if autogroup.exists():  # kernels with sched_autogroup
+            assert autogroup.read_text().split()[-1] == "19"
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
