@@ -99,6 +99,11 @@ def _security(security: KafkaSecurity) -> BaseSecurity | None:
     )
 
 
+def planner_topics(topics: Topics) -> tuple[str, ...]:
+    """The topics the planner's one consumer group reads: traffic, lifecycle, heartbeats, warm results."""
+    return (topics.requests, topics.misses, topics.lifecycle, topics.heartbeats, topics.warm_results)
+
+
 def build_planner(settings: PlannerSettings) -> Planner:
     """The planner, wired from `settings`; nothing starts until its app runs."""
     kafka = settings.kafka
@@ -117,11 +122,7 @@ def build_planner(settings: PlannerSettings) -> Planner:
     holder: dict[str, Ingestor] = {}
     rebalance = _Rebalance(holder)
     subscriber = broker.subscriber(
-        topics.requests,
-        topics.misses,
-        topics.lifecycle,
-        topics.heartbeats,
-        topics.warm_results,
+        *planner_topics(topics),
         batch=True,
         group_id=settings.ingest.group_id,
         auto_offset_reset="earliest",

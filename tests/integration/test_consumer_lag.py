@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.planner_harness import poll_until, produce, request, running_planner
+from warmplane.services.planner.app import planner_topics
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.services.warmer.service import Warmer
 from warmplane.services.warmer.settings import EngineSettings, WarmerSettings
@@ -105,10 +106,15 @@ async def test_a_planner_held_up_by_postgres_reports_its_lag_until_it_catches_up
         async def behind(at_least: float) -> bool:
             return sum(_lag(metrics.consumer_lag).values()) >= at_least
 
+        every_partition = {
+            (topic, str(partition))
+            for topic in planner_topics(Topics(settings.kafka.topic_prefix))
+            for partition in range(settings.kafka.partitions)
+        }
+
         async def caught_up() -> bool:
             lag = _lag(metrics.consumer_lag)
-            # Every partition of the four topics it reads, all at 0.
-            return len(lag) == 16 and not any(lag.values())
+            return set(lag) == every_partition and not any(lag.values())
 
         await produce(settings.kafka, [request([1, 2])])
         await poll_until(lambda: ingested(1), timeout_s=_TIMEOUT_S, what="the planner's first event")

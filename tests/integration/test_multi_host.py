@@ -65,7 +65,7 @@ from warmplane.shared.topics import Topics
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
 
 NODES = ("node-1", "node-2")
-ENGINE_PORT, WARMER_PORT, GATEWAY_PORT, BROKER_PORT = 8000, 8090, 8080, 9092
+ENGINE_PORT, WARMER_PORT, GATEWAY_PORT = 8000, 8090, 8080
 TENANT, KEY = "acme", "sk-acme-multi-host-key"
 _TIMEOUT_S = 120.0
 _CLIENT = httpx.Timeout(60.0)
