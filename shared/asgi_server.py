@@ -11,9 +11,9 @@ tenth of the gateway's busy time went to the head's own write). A write is held 
 or the end of the current event-loop step, whichever comes first, so nothing waits longer than that.
 
 uvicorn's `Server.serve` replaces the process's SIGINT and SIGTERM handlers while it runs, stops itself
-on either and raises the signal again when it is done. A server inside a process that handles its own
-signals (the warmer's status page in `warmplane up`, the gateway) would stop apart from the rest, so
-only `handle_signals=True` (the API service, which stops when its server does) keeps that behaviour.
+on either and raises the signal again when it is done, which ends the process before its own clean-up
+(closing pools, flushing producers) has run. Every service here handles its signals itself and stops its
+servers in order, so the servers leave the process's handlers as they are.
 """
 
 from __future__ import annotations
@@ -42,10 +42,8 @@ class AsgiServer:
         name: str,
         stop_timeout_s: float = 5.0,
         coalesce_writes: bool = False,
-        handle_signals: bool = False,
     ) -> None:
         self._app = app
-        self._server_class = uvicorn.Server if handle_signals else _SignallessServer
         self._http: type[asyncio.Protocol] | str = _CoalescingHttpTools if coalesce_writes else "auto"
         self._host = host
         self._port = port
@@ -71,7 +69,7 @@ class AsgiServer:
         config = uvicorn.Config(
             self._app, http=self._http, log_level="warning", access_log=False, lifespan="off"
         )
-        server = self._server = self._server_class(config)
+        server = self._server = _SignallessServer(config)
         task = self._task = asyncio.create_task(server.serve(sockets=[sock]), name=f"{self._name} http")
         while not server.started:
             if task.done():
@@ -92,16 +90,6 @@ class AsgiServer:
                 self._task.result()  # a server that failed says so
         if self._socket is not None:
             self._socket.close()
-
-    async def serve_until_cancelled(self) -> None:
-        """Start, then wait until the server stops by itself (a signal, with `handle_signals`) or this
-        task is cancelled."""
-        await self.start()
-        try:
-            assert self._task is not None
-            await asyncio.shield(self._task)
-        finally:
-            await self.stop()
 
 
 class _SignallessServer(uvicorn.Server):

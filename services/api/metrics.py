@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from warmplane.shared.process_metrics import register_process_metrics
+
 HEALTH_WINDOW_S = 300
 
 
 class ApiMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.loop_tasks = register_process_metrics(self.registry, "api")
         self.requests = Counter(
             "warmplane_api_requests",
             "API requests answered, by route template and status code",

@@ -94,25 +94,27 @@ async def _refresh_forever(deps: ApiDeps) -> None:
         await asyncio.sleep(deps.options.health_refresh_s)
 
 
-async def serve(settings: ApiSettings) -> None:
-    """Serve until cancelled (SIGTERM/SIGINT stop uvicorn gracefully)."""
+async def serve(settings: ApiSettings, stop: asyncio.Event) -> None:
+    """Serve until `stop` is set (the process's SIGTERM or SIGINT), then stop in order: the servers
+    (requests in flight get a bounded time), the health refresh, the producer and the pool."""
     if not settings.api_callers:
         log.warning(
             "WARMPLANE_API_CALLERS is empty: every endpoint but /status, /healthz and /readyz refuses"
         )
     options = settings.api
     async with api_deps(settings) as deps:
+        deps.metrics.loop_tasks.watch(asyncio.get_running_loop())
         refresher = asyncio.create_task(_refresh_forever(deps), name="api-health-refresh")
         metrics = AsgiServer(
             metrics_app(deps.metrics.registry), options.metrics_host, options.metrics_port, name="api metrics"
         )
-        server = AsgiServer(
-            build_app(deps), options.http_host, options.http_port, name="api", handle_signals=True
-        )
+        server = AsgiServer(build_app(deps), options.http_host, options.http_port, name="api")
         try:
             await metrics.start()
-            await server.serve_until_cancelled()
+            await server.start()
+            await stop.wait()
         finally:
+            await server.stop()
             await metrics.stop()
             refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from warmplane.shared.process_metrics import register_process_metrics
+
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _RATIO = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 
@@ -23,6 +25,7 @@ _RATIO = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self.loop_tasks = register_process_metrics(registry, "gateway")
         tm = ["tenant", "model"]
         self.requests = Counter(
             "warmplane_gateway_requests",

@@ -110,6 +110,7 @@ class Gateway:
         self.parts = bootstrap(
             settings, membership=membership, sink=sink, client=client, epochs=epochs, stores=stores
         )
+        self.parts.metrics.loop_tasks.watch(asyncio.get_running_loop())
         if self.parts.results is not None:
             self._keep_results_tidy(self.parts.results)
         await self._serve(self.parts)

@@ -148,6 +148,7 @@ def build_planner(settings: PlannerSettings) -> Planner:
 
     @contextlib.asynccontextmanager
     async def lifespan(context: Any = None) -> AsyncIterator[None]:
+        metrics.loop_tasks.watch(asyncio.get_running_loop())
         async with _resources(settings, topics, metrics, on_failure=planner.exit) as ingestor:
             holder["ingestor"] = ingestor
             lag = asyncio.create_task(

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from warmplane.shared.process_metrics import register_process_metrics
+
 
 class PlannerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self.loop_tasks = register_process_metrics(registry, "planner")
         self.events = Counter(
             "warmplane_planner_events_ingested",
             "Events counted into Postgres, by type",

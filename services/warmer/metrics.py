@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from warmplane.shared.process_metrics import register_process_metrics
+
 
 class WarmerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self.loop_tasks = register_process_metrics(registry, "warmer")
         self.plans = Counter(
             "warmplane_warmer_plans",
             "Plans read off the plans topic, by what became of them",

@@ -92,6 +92,7 @@ class Warmer:
 
     async def start(self) -> None:
         kafka = self.settings.kafka
+        self.metrics.loop_tasks.watch(asyncio.get_running_loop())
         try:
             await ensure_topics(kafka, self._topics.all())
             producer = acknowledging_producer(kafka, f"warmer-{self.node}")
