@@ -169,7 +169,15 @@ def test_the_registry_holds_every_kept_bench_once_and_each_module_exists() -> No
     names = [bench.name for bench in BENCHES]
     assert len(names) == len(set(names))
     kept = {"ingest", "emitter", "warm", "gateway", "result_cache", "epoch", "plan_scale", "route_scale"}
-    kept |= {"stats_index", "paths_index", "statistics_read", "evaluate_policy", "scaleup", "broker_poll"}
+    kept |= {
+        "stats_index",
+        "paths_index",
+        "statistics_read",
+        "evaluate_policy",
+        "scaleup",
+        "broker_poll",
+        "soak",
+    }
     assert set(names) == kept
     for bench in BENCHES:
         assert importlib.util.find_spec(bench.module) is not None, bench.module
