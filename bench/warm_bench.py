@@ -43,7 +43,7 @@ from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.services.planner.app import build_planner
 from warmplane.services.planner.settings import IngestSettings, PlannerSettings
 from warmplane.services.warmer.core.replica import RunOrder
-from warmplane.services.warmer.plan_run import PlanRun, SaltBook
+from warmplane.services.warmer.plan_run import PlanRun
 from warmplane.services.warmer.replica_driver import fits_easily
 from warmplane.services.warmer.service import Warmer
 from warmplane.services.warmer.settings import (
@@ -54,6 +54,7 @@ from warmplane.services.warmer.settings import (
 )
 from warmplane.services.warmer.vllm_client import VllmEngineClient
 from warmplane.shared import migrate
+from warmplane.shared.cache_salt import SaltBook
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm, ensure_tiny_model
 from warmplane.shared.event_ids import new_event_id

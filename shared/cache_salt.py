@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+from collections.abc import Collection, Mapping
 from typing import Final
 
 import msgspec
@@ -44,3 +45,28 @@ def derive_cache_salt(tenant_secret: SecretStr | bytes, tenant: str, model: str,
     message = _canonical.encode((_DOMAIN, tenant, model, epoch))
     digest = hmac.new(key, message, hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+class SaltBook:
+    """The `cache_salt` of each (tenant, model, epoch) from the tenants' secrets, memoised: what the gateway
+    puts on a tenant's requests and the warmer on its warms, so both land in one namespace. None for a
+    tenant without a secret (the gateway sends its requests unsalted; the warmer fails its items, since a
+    warm under any other salt lands where its traffic never reads); "" for an `unsalted` tenant, whose
+    traffic reaches the engine with no salt (the warmer's `WARMPLANE_UNSALTED_TENANTS`)."""
+
+    def __init__(self, secrets: Mapping[str, SecretStr], unsalted: Collection[str] = ()) -> None:
+        self._secrets = secrets
+        self._unsalted = frozenset(unsalted)
+        self._salts: dict[tuple[str, str, int], str] = {}
+
+    def salt(self, tenant: str, model: str, epoch: int) -> str | None:
+        if tenant in self._unsalted:
+            return ""
+        key = (tenant, model, epoch)
+        salt = self._salts.get(key)
+        if salt is None:
+            secret = self._secrets.get(tenant)
+            if secret is None or not secret.get_secret_value():
+                return None
+            salt = self._salts[key] = derive_cache_salt(secret, tenant, model, epoch)
+        return salt

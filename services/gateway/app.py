@@ -39,9 +39,10 @@ from warmplane.services.gateway.result_cache import ResultCache
 from warmplane.services.gateway.result_stores import ResultStores
 from warmplane.services.gateway.router import Router
 from warmplane.services.gateway.settings import GatewaySettings
-from warmplane.services.gateway.tenants import EpochBook, SaltBook, TenantDirectory
+from warmplane.services.gateway.tenants import EpochBook, TenantDirectory
 from warmplane.services.gateway.text_embedding import NgramEmbedder
 from warmplane.services.gateway.upstream import Upstream
+from warmplane.shared.cache_salt import SaltBook
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.metrics_http import metrics_app
 

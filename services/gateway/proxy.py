@@ -51,7 +51,7 @@ from warmplane.services.gateway.result_cache import Hit, Lookup, ResultCache
 from warmplane.services.gateway.router import Router
 from warmplane.services.gateway.settings import GatewayOptions, RoutingSettings
 from warmplane.services.gateway.sse_relay import Fingerprint, SseRelay
-from warmplane.services.gateway.tenants import EpochBook, SaltBook, TenantDirectory
+from warmplane.services.gateway.tenants import EpochBook, TenantDirectory
 from warmplane.services.gateway.upstream import (
     Upstream,
     UpstreamBroken,
@@ -59,6 +59,7 @@ from warmplane.services.gateway.upstream import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from warmplane.shared.cache_salt import SaltBook
 from warmplane.shared.prefix_chain import Namespace, PrefixChain
 from warmplane.shared.rate_limit import RateLimiter
 

@@ -13,8 +13,6 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import SecretStr
 
-from warmplane.shared.cache_salt import derive_cache_salt
-
 
 def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
@@ -49,21 +47,3 @@ class EpochBook:
             return False
         self._epochs[(tenant, model)] = epoch
         return True
-
-
-class SaltBook:
-    """The `cache_salt` of (tenant, model, epoch), memoised; None for a tenant without a secret."""
-
-    def __init__(self, secrets: Mapping[str, SecretStr]) -> None:
-        self._secrets = secrets
-        self._salts: dict[tuple[str, str, int], str] = {}
-
-    def salt(self, tenant: str, model: str, epoch: int) -> str | None:
-        key = (tenant, model, epoch)
-        salt = self._salts.get(key)
-        if salt is None:
-            secret = self._secrets.get(tenant)
-            if secret is None or not secret.get_secret_value():
-                return None
-            salt = self._salts[key] = derive_cache_salt(secret, tenant, model, epoch)
-        return salt

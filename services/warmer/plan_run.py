@@ -22,16 +22,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
-
-from pydantic import SecretStr
 
 from warmplane.services.warmer.core.kv_index import BlockChain, block_chain
 from warmplane.services.warmer.core.replica import HeldKey, Outcome, RunOrder, held_key
 from warmplane.services.warmer.vllm_client import EngineClient, WarmFailed, WarmResult
-from warmplane.shared.cache_salt import derive_cache_salt
+from warmplane.shared.cache_salt import SaltBook
 from warmplane.shared.events import WarmItem
 
 ItemState = Literal["pending", "warmed", "verified", "unverified", "failed", "too_short"]
@@ -45,28 +43,6 @@ class ItemResult:
     prompt_tokens: int = 0
     tokens_prefilled: int = 0
     chain: BlockChain | None = None
-
-
-class SaltBook:
-    """The `cache_salt` of each (tenant, model, epoch), from the tenants' secrets; "" (warm without a salt)
-    for an `unsalted` tenant, whose traffic reaches the engine with none; None for any other tenant (its
-    items fail: a warm under any other salt would land where its traffic never reads)."""
-
-    def __init__(self, secrets: dict[str, SecretStr], unsalted: Collection[str] = ()) -> None:
-        self._secrets = secrets
-        self._unsalted = frozenset(unsalted)
-        self._salts: dict[tuple[str, str, int], str] = {}
-
-    def salt(self, tenant: str, model: str, epoch: int) -> str | None:
-        if tenant in self._unsalted:
-            return ""
-        key = (tenant, model, epoch)
-        if key not in self._salts:
-            secret = self._secrets.get(tenant)
-            if secret is None or not secret.get_secret_value():
-                return None
-            self._salts[key] = derive_cache_salt(secret, tenant, model, epoch)
-        return self._salts[key]
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,10 +22,11 @@ from typing import Any
 
 from warmplane.services.warmer.core.replica import Phase, ReplicaTracker, RunOrder, Transition, held_key
 from warmplane.services.warmer.metrics import WarmerMetrics
-from warmplane.services.warmer.plan_run import PlanRun, RunReport, SaltBook
+from warmplane.services.warmer.plan_run import PlanRun, RunReport
 from warmplane.services.warmer.residency_watch import ResidencyWatch
 from warmplane.services.warmer.settings import EngineSettings, WarmSettings
 from warmplane.services.warmer.vllm_client import EngineClient
+from warmplane.shared.cache_salt import SaltBook
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
     HEARTBEATING_STATES,

@@ -23,9 +23,10 @@ from itertools import groupby
 from warmplane.services.warmer.core.replica import HeldKey
 from warmplane.services.warmer.core.residency import GRACE_S, Assessment, Residency
 from warmplane.services.warmer.kv_events import KvEventFeed
-from warmplane.services.warmer.plan_run import RunReport, SaltBook
+from warmplane.services.warmer.plan_run import RunReport
 from warmplane.services.warmer.settings import EngineSettings, WarmSettings
 from warmplane.services.warmer.vllm_client import EngineClient, WarmFailed
+from warmplane.shared.cache_salt import SaltBook
 from warmplane.shared.events import HeldPrefixes, PrefixPayload
 
 log = logging.getLogger(__name__)

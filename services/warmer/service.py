@@ -28,10 +28,10 @@ from prometheus_client import CollectorRegistry
 from warmplane.services.warmer.core.replica import Phase, ReplicaTracker, policy_from
 from warmplane.services.warmer.http import status_server
 from warmplane.services.warmer.metrics import WarmerMetrics
-from warmplane.services.warmer.plan_run import SaltBook
 from warmplane.services.warmer.replica_driver import ReplicaDriver, refusal
 from warmplane.services.warmer.settings import EngineSettings, WarmerSettings
 from warmplane.services.warmer.vllm_client import VllmEngineClient
+from warmplane.shared.cache_salt import SaltBook
 from warmplane.shared.codec import DecodeFailure, EventCodec
 from warmplane.shared.consumer_lag import report_lag_forever
 from warmplane.shared.dead_letters import DeadLetter, KafkaDeadLetterSink, reason_class

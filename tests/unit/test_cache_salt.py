@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
-from warmplane.shared.cache_salt import SALT_LENGTH, derive_cache_salt
+from warmplane.shared.cache_salt import SALT_LENGTH, SaltBook, derive_cache_salt
 
 _VALID = re.compile(r"[A-Za-z0-9_-]{43}")
 secrets = st.binary(min_size=1, max_size=64)
@@ -85,3 +85,21 @@ def test_empty_secret_is_refused() -> None:
         derive_cache_salt(b"", "acme", "m", 0)
     with pytest.raises(ValueError, match="secret"):
         derive_cache_salt(SecretStr(""), "acme", "m", 0)
+
+
+BOOK_SECRETS = {"acme": SecretStr("acme-secret"), "blank": SecretStr("")}
+
+
+def test_a_book_gives_each_tenants_salt_and_none_for_an_unknown_or_empty_secret() -> None:
+    book = SaltBook(BOOK_SECRETS)
+    assert book.salt("acme", "m", 3) == derive_cache_salt(SecretStr("acme-secret"), "acme", "m", 3)
+    assert book.salt("acme", "m", 4) != book.salt("acme", "m", 3)
+    assert book.salt("blank", "m", 3) is None
+    assert book.salt("ghost", "m", 3) is None
+
+
+def test_an_unsalted_tenant_gets_no_salt_and_the_others_keep_theirs() -> None:
+    book = SaltBook(BOOK_SECRETS, unsalted=["open"])
+    assert book.salt("open", "m", 3) == ""
+    assert book.salt("acme", "m", 3) == derive_cache_salt(SecretStr("acme-secret"), "acme", "m", 3)
+    assert book.salt("ghost", "m", 3) is None

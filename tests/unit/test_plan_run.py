@@ -16,9 +16,9 @@ import pytest
 from pydantic import SecretStr
 
 from warmplane.services.warmer.core.replica import RunOrder, held_key, keys_of
-from warmplane.services.warmer.plan_run import PlanRun, RunReport, SaltBook
+from warmplane.services.warmer.plan_run import PlanRun, RunReport
 from warmplane.services.warmer.vllm_client import VllmEngineClient
-from warmplane.shared.cache_salt import derive_cache_salt
+from warmplane.shared.cache_salt import SaltBook, derive_cache_salt
 from warmplane.shared.events import ModelRef, PrefixPayload, WarmItem, WarmPlanIssued
 
 BLOCK = 4
@@ -317,20 +317,3 @@ async def test_a_cancelled_run_reports_what_it_finished() -> None:
     assert report.verified == keys_of(run_order.plan, items[:2])
     assert (report.items_total, report.items_done, report.needed, report.failures) == (3, 2, 3, [])
     assert report.tokens_prefilled == 10 + 14 + 18
-
-
-def test_salts_come_from_the_tenants_secret_and_an_unknown_or_empty_one_gives_none() -> None:
-    book = SaltBook({**SECRETS, "blank": SecretStr("")})
-
-    assert book.salt("acme", MODEL.name, EPOCH) == salt("acme")
-    assert book.salt("acme", MODEL.name, EPOCH + 1) != salt("acme")
-    assert book.salt("blank", MODEL.name, EPOCH) is None
-    assert book.salt("ghost", MODEL.name, EPOCH) is None
-
-
-def test_an_unsalted_tenant_is_warmed_without_a_salt_and_the_others_keep_theirs() -> None:
-    book = SaltBook(SECRETS, unsalted=["open"])
-
-    assert book.salt("open", MODEL.name, EPOCH) == ""
-    assert book.salt("acme", MODEL.name, EPOCH) == salt("acme")
-    assert book.salt("ghost", MODEL.name, EPOCH) is None

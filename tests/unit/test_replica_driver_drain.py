@@ -13,9 +13,9 @@ from tests.unit.test_replica_driver_stop import _SilentEngine
 from tests.unit.test_replica_tracker import tracker
 from warmplane.services.warmer.core.replica import Phase
 from warmplane.services.warmer.metrics import WarmerMetrics
-from warmplane.services.warmer.plan_run import SaltBook
 from warmplane.services.warmer.replica_driver import ReplicaDriver
 from warmplane.services.warmer.settings import EngineSettings, WarmSettings
+from warmplane.shared.cache_salt import SaltBook
 from warmplane.shared.events import Event, ReplicaEvent
 
 

@@ -15,10 +15,10 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.test_replica_tracker import tracker
 from warmplane.services.warmer.metrics import WarmerMetrics
-from warmplane.services.warmer.plan_run import SaltBook
 from warmplane.services.warmer.replica_driver import ReplicaDriver
 from warmplane.services.warmer.settings import EngineSettings, WarmSettings
 from warmplane.services.warmer.vllm_client import WARM_PRIORITY, WarmFailed, WarmResult
+from warmplane.shared.cache_salt import SaltBook
 from warmplane.shared.events import Event, PrefixPayload
 
 

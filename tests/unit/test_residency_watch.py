@@ -9,10 +9,10 @@ import contextlib
 from pydantic import SecretStr
 
 from warmplane.services.warmer.core.kv_index import block_chain
-from warmplane.services.warmer.plan_run import SaltBook
 from warmplane.services.warmer.residency_watch import ResidencyWatch
 from warmplane.services.warmer.settings import EngineSettings, WarmSettings
 from warmplane.services.warmer.vllm_client import WARM_PRIORITY, WarmFailed, WarmResult
+from warmplane.shared.cache_salt import SaltBook
 from warmplane.shared.events import HeldPrefixes, PrefixPayload
 
 KEY = ("acme", "m", "", 0, 7)
