@@ -12,10 +12,10 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from warmplane.services.planner.core.simple_plan import NodeKey
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelStatistics
 from warmplane.services.planner.plans import Unplanned
 from warmplane.services.planner.policy import StoredPrefix
+from warmplane.services.planner.policy.replica_plan import NodeKey
 from warmplane.shared.events import ModelRef, PrefixPayload, WarmFinished, WarmPlanIssued
 
 log = logging.getLogger(__name__)

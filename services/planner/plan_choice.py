@@ -27,7 +27,6 @@ from typing import Protocol
 
 import msgspec
 
-from warmplane.services.planner.core.simple_plan import NodeKey
 from warmplane.services.planner.policy import (
     EmptyReason,
     LeafCount,
@@ -45,6 +44,7 @@ from warmplane.services.planner.policy import (
     trie_from_counts,
     weight_horizon_s,
 )
+from warmplane.services.planner.policy.replica_plan import NodeKey
 from warmplane.services.planner.settings import PlanSettings, RingSettings
 from warmplane.shared.events import LIVE_REPLICA_STATES, PrefixPayload, WarmItem
 

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from warmplane.services.planner.core.deploy_epochs import EpochState, Revisions
-from warmplane.services.planner.core.simple_plan import NodeKey
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelStatistics
 from warmplane.services.planner.plans import Unplanned
 from warmplane.services.planner.policy import StoredPrefix
+from warmplane.services.planner.policy.replica_plan import NodeKey
 from warmplane.shared.events import EpochBumped, Event, ModelRef, PrefixPayload, WarmFinished, WarmPlanIssued
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

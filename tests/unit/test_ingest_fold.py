@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from warmplane.services.planner.core.ingest_batch import (
     ChainEdge,
     ChainPath,
-    NodeKey,
     Scope,
+    ScopedPrefix,
     fold_events,
 )
 from warmplane.services.planner.core.node_cache import NodeCache
@@ -148,13 +148,15 @@ def _request_at(at: datetime, **changes: object) -> RequestObserved:
     return RequestObserved(**fields)  # type: ignore[arg-type]
 
 
-def expected_edges(events: Sequence[RequestObserved], stored: set[NodeKey]) -> dict[NodeKey, ChainEdge]:
+def expected_edges(
+    events: Sequence[RequestObserved], stored: set[ScopedPrefix]
+) -> dict[ScopedPrefix, ChainEdge]:
     """Per chain, the nodes below its deepest stored node; each with the first event that carried it.
 
     A chain that ends at an ancestor of a stored node, without passing through it, re-emits the
     ancestor: the fold cannot know it is stored, and the write is a no-op.
     """
-    edges: dict[NodeKey, ChainEdge] = {}
+    edges: dict[ScopedPrefix, ChainEdge] = {}
     for event in events:
         scope = scope_of(event)
         stored_depths = [d for d, prefix_id in enumerate(event.chain) if (scope, prefix_id) in stored]
@@ -288,9 +290,9 @@ def test_node_cache_rejects_a_capacity_below_one() -> None:
 @given(st.integers(1, 16), st.lists(st.lists(st.integers(0, 40), max_size=10), max_size=20))
 def test_node_cache_stays_bounded_and_remembers_what_fits(capacity: int, batches: list[list[int]]) -> None:
     cache = NodeCache(capacity)
-    remembered: set[NodeKey] = set()
+    remembered: set[ScopedPrefix] = set()
     for numbers in batches:
-        nodes: list[NodeKey] = [(("acme", "m", ""), n) for n in numbers]
+        nodes: list[ScopedPrefix] = [(("acme", "m", ""), n) for n in numbers]
         cache.add_all(nodes, now=0.0)
         remembered |= set(nodes)
         if len(remembered) > capacity:  # the model of the cache: emptied whole when it overflows

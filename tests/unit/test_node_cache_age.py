@@ -9,14 +9,14 @@ from collections.abc import Sequence
 import pytest
 
 from tests.unit.ingestor_fakes import Consumer, StoreBase, request_record, started_ingestor
-from warmplane.services.planner.core.ingest_batch import IngestBatch, NodeKey
+from warmplane.services.planner.core.ingest_batch import IngestBatch, ScopedPrefix
 from warmplane.services.planner.core.node_cache import NodeCache
 from warmplane.services.planner.pg_store import PartitionSlice
 
 SCOPE = ("acme", "m", "")
 
 
-def nodes(*numbers: int) -> list[NodeKey]:
+def nodes(*numbers: int) -> list[ScopedPrefix]:
     return [(SCOPE, n) for n in numbers]
 
 

@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warmplane.services.planner.policy import (
+    ChosenPrefix,
     PolicyKnobs,
     PrefixTrie,
     RingSpec,
     RoutingShare,
     WarmBudget,
-    WarmItem,
     choose_for_replica,
     choose_for_replicas,
     reuse_probability,
@@ -39,7 +39,7 @@ def reference_warm_set(
     resident: Collection[int],
     renderable: Container[int] | None,
     max_items: int | None,
-) -> list[WarmItem]:
+) -> list[ChosenPrefix]:
     """One replica's warm set, by walking the whole trie for it."""
     owned: dict[int, bool] = {}
     for node in trie.nodes():
@@ -68,7 +68,7 @@ def reference_warm_set(
         ),
         key=lambda pair: (-pair[0], pair[1].depth, pair[1].prefix_id),
     )
-    chosen: list[WarmItem] = []
+    chosen: list[ChosenPrefix] = []
     remaining, rendered = limit, 0
     items_left = max_items if max_items is not None else len(probabilities)
     for _, node in scored:
@@ -86,7 +86,7 @@ def reference_warm_set(
         for step in path:
             covered.add(step.prefix_id)
             chosen.append(
-                WarmItem(
+                ChosenPrefix(
                     step.prefix_id, step.depth, step.tokens, step.own_tokens, probabilities[step.prefix_id]
                 )
             )

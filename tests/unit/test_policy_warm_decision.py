@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmplane.services.planner.policy import WarmItem
+from warmplane.services.planner.policy import ChosenPrefix
 from warmplane.services.planner.policy.warm_decision import (
     EmptyReason,
     WarmThresholds,
@@ -21,7 +21,7 @@ THRESHOLDS = WarmThresholds(
 )
 items = st.lists(
     st.builds(
-        WarmItem,
+        ChosenPrefix,
         prefix_id=st.integers(0, 2**62),
         depth=st.integers(0, 10),
         tokens=st.integers(1, 10_000),
@@ -34,7 +34,7 @@ items = st.lists(
 
 @given(items, st.integers(0, 100_000), st.one_of(st.none(), st.floats(1.0, 1e5)))
 def test_a_plan_is_whole_or_empty_with_a_reason_naming_the_model(
-    chosen: list[WarmItem], floor: int, rate: float | None
+    chosen: list[ChosenPrefix], floor: int, rate: float | None
 ) -> None:
     thresholds = WarmThresholds(floor, 60.0, rate, 0.05)
     decision = decide_warm("m-1", chosen, thresholds)
@@ -57,17 +57,17 @@ def test_nothing_likely_enough() -> None:
 
 
 def test_little_saved() -> None:
-    chosen = [WarmItem(1, 0, 1000, 1000, 0.2)]  # 200 expected
+    chosen = [ChosenPrefix(1, 0, 1000, 1000, 0.2)]  # 200 expected
     decision = decide_warm("m", chosen, THRESHOLDS)
     assert decision.reason is EmptyReason.LITTLE_SAVED
     assert decision.message == (
         "warming buys little for model m: expected saved prefill 200 tokens (of 1,000 warmed) is below 256"
     )
-    assert decide_warm("m", [*chosen, WarmItem(2, 1, 1100, 100, 0.6)], THRESHOLDS).items  # 260 expected
+    assert decide_warm("m", [*chosen, ChosenPrefix(2, 1, 1100, 100, 0.6)], THRESHOLDS).items  # 260 expected
 
 
 def test_past_the_readiness_budget() -> None:
-    chosen = [WarmItem(1, 0, 50_000, 50_000, 0.9)]
+    chosen = [ChosenPrefix(1, 0, 50_000, 50_000, 0.9)]
     slow = WarmThresholds(256, 120.0, 100.0, 0.05)
     decision = decide_warm("m", chosen, slow)
     assert decision.reason is EmptyReason.PAST_READINESS_BUDGET

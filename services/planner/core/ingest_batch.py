@@ -36,7 +36,8 @@ from warmplane.shared.events import (
 
 Scope = tuple[str, str, str]
 """(tenant, model name, prompt revision): what prefix ids are namespaced by."""
-NodeKey = tuple[Scope, int]
+ScopedPrefix = tuple[Scope, int]
+"""A prefix id in its scope, as ingestion folds them (the store keys them by scope id: `NodeKey`)."""
 FLEET_TYPES = (DeployStarted, DeployFinished, FleetScaled, EpochBumped, ReplicaRewarmRequested)
 _timestamp = datetime.timestamp
 
@@ -115,11 +116,11 @@ class IngestBatch:
 
     requests: RequestColumns = field(default_factory=RequestColumns)
     misses: MissColumns = field(default_factory=MissColumns)
-    paths: dict[NodeKey, ChainPath] = field(default_factory=dict)
+    paths: dict[ScopedPrefix, ChainPath] = field(default_factory=dict)
     """New chain ends, keyed by their leaf."""
-    new_nodes: set[NodeKey] = field(default_factory=set)
+    new_nodes: set[ScopedPrefix] = field(default_factory=set)
     """Every prefix the paths add: once they commit, known to be stored."""
-    catalog: dict[NodeKey, CatalogEntry] = field(default_factory=dict)
+    catalog: dict[ScopedPrefix, CatalogEntry] = field(default_factory=dict)
     replica_events: list[ReplicaEvent] = field(default_factory=list)
     fleet_changes: list[Event] = field(default_factory=list)
     plan_results: list[WarmProgressed | WarmFinished] = field(default_factory=list)
@@ -137,7 +138,7 @@ class IngestBatch:
             (self.replica_events, self.heartbeats, self.fleet_changes, self.plan_results, self.residency)
         )
 
-    def edges(self) -> dict[NodeKey, ChainEdge]:
+    def edges(self) -> dict[ScopedPrefix, ChainEdge]:
         """Every prefix the paths add, with its edge (for readers; the store writes the paths)."""
         return {
             (scope, prefix): edge
@@ -153,7 +154,7 @@ class IngestBatch:
         return found
 
 
-def fold_events(events: Iterable[Event], *, stored_nodes: Set[NodeKey]) -> IngestBatch:
+def fold_events(events: Iterable[Event], *, stored_nodes: Set[ScopedPrefix]) -> IngestBatch:
     """Fold `events` into one batch.
 
     `stored_nodes` holds chain nodes already known to be in the database, whose edges need not be
@@ -209,7 +210,7 @@ def newer_report(a: ReplicaResidency, b: ReplicaResidency) -> ReplicaResidency:
     return a if (a.occurred_at, a.event_id) >= (b.occurred_at, b.event_id) else b
 
 
-def _fold_requests(batch: IngestBatch, events: list[RequestObserved], stored: Set[NodeKey]) -> None:
+def _fold_requests(batch: IngestBatch, events: list[RequestObserved], stored: Set[ScopedPrefix]) -> None:
     columns = batch.requests
     scopes = columns.scopes = [(e.tenant, e.model.name, e.prompt_rev) for e in events]
     leaves = columns.leaves = [e.chain[-1] for e in events]
@@ -234,7 +235,7 @@ def _fold_requests(batch: IngestBatch, events: list[RequestObserved], stored: Se
                 batch.catalog[(scope, payload.prefix_id)] = CatalogEntry(payload, tokens, event.occurred_at)
 
 
-def _add_path(batch: IngestBatch, event: RequestObserved, scope: Scope, stored: Set[NodeKey]) -> None:
+def _add_path(batch: IngestBatch, event: RequestObserved, scope: Scope, stored: Set[ScopedPrefix]) -> None:
     """The chain's new end below its deepest node known stored (or added by this batch), if any."""
     # Walk from the leaf up: once a node is known to be stored (or added here), so are its ancestors.
     new_nodes = batch.new_nodes

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from warmplane.services.planner.core.ingest_batch import NodeKey
+from warmplane.services.planner.core.ingest_batch import ScopedPrefix
 
 
-class NodeCache(set[NodeKey]):
+class NodeCache(set[ScopedPrefix]):
     """At most `capacity` nodes, none remembered for longer than `max_age_s`: emptied whole when full
     or when its oldest node is older than that. A set, so membership is tested in C on the fold's hot
     path. Forgetting a node costs a redundant write (its chain from the nearest node still remembered),
@@ -51,7 +51,7 @@ class NodeCache(set[NodeKey]):
         if self._oldest is not None and now - self._oldest > self.max_age_s:
             self.clear()
 
-    def add_all(self, nodes: Iterable[NodeKey], now: float) -> None:
+    def add_all(self, nodes: Iterable[ScopedPrefix], now: float) -> None:
         """Remember `nodes` as stored at `now`. Call only after the transaction that stored them committed."""
         self.forget_expired(now)
         self.update(nodes)

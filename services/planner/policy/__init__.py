@@ -41,7 +41,7 @@ from warmplane.services.planner.policy.warm_decision import (
     expected_saved_tokens,
 )
 from warmplane.services.planner.policy.warm_set import (
-    WarmItem,
+    ChosenPrefix,
     candidate_probabilities,
     reuse_probability,
     select_warm_set,
@@ -51,6 +51,7 @@ from warmplane.services.planner.policy.warm_set import (
 __all__ = [
     "PRIOR",
     "BudgetTier",
+    "ChosenPrefix",
     "EmptyReason",
     "LeafCount",
     "PolicyKnobs",
@@ -63,7 +64,6 @@ __all__ = [
     "TrieNode",
     "WarmBudget",
     "WarmDecision",
-    "WarmItem",
     "WarmThresholds",
     "calibration_gap",
     "candidate_probabilities",

@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from warmplane.services.planner.policy.budget import WarmBudget
 from warmplane.services.planner.policy.calibration import ReuseCalibration, fit_isotonic, reused_prefixes
 from warmplane.services.planner.policy.prefix_trie import PrefixTrie
-from warmplane.services.planner.policy.warm_set import WarmItem, select_warm_sets
+from warmplane.services.planner.policy.warm_set import ChosenPrefix, select_warm_sets
 from warmplane.shared.hash_ring import HashRing
+
+NodeKey = tuple[int, int]
+"""(scope id, prefix id): a stored prefix's key (prefix ids are namespaced by scope)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +194,7 @@ def choose_for_replica(
     renderable: Container[int] | None = None,
     max_items: int | None = None,
     calibration: Callable[[float], float] | None = None,
-) -> tuple[list[WarmItem], int]:
+) -> tuple[list[ChosenPrefix], int]:
     """The warm set of `replica` at `now`, ancestors first, and the token limit it was chosen under:
     `choose_for_replicas` for one replica."""
     return choose_for_replicas(
@@ -222,7 +225,7 @@ def choose_for_replicas(
     renderable: Container[int] | None = None,
     max_items: int | None = None,
     calibration: Callable[[float], float] | None = None,
-) -> dict[str, tuple[list[WarmItem], int]]:
+) -> dict[str, tuple[list[ChosenPrefix], int]]:
     """The warm set at `now` of each replica of `capacities` (its KV capacity in tokens, None while
     unknown), ancestors first, and the token limit it was chosen under.
 

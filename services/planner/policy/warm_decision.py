@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from warmplane.services.planner.policy.warm_set import WarmItem
+from warmplane.services.planner.policy.warm_set import ChosenPrefix
 
 
 class EmptyReason(StrEnum):
@@ -43,17 +43,17 @@ class WarmThresholds:
 class WarmDecision:
     """The items to warm (all or none of those chosen) and, when none, why (`reason`, `message`)."""
 
-    items: list[WarmItem]
+    items: list[ChosenPrefix]
     reason: EmptyReason | None
     message: str | None
 
 
-def expected_saved_tokens(items: Sequence[WarmItem]) -> float:
+def expected_saved_tokens(items: Sequence[ChosenPrefix]) -> float:
     """The prefill `items` are expected to save in the ramp window: cost times chance of reuse, summed."""
     return sum(item.cost_tokens * item.reuse_probability for item in items)
 
 
-def decide_warm(model: str, items: Sequence[WarmItem], thresholds: WarmThresholds) -> WarmDecision:
+def decide_warm(model: str, items: Sequence[ChosenPrefix], thresholds: WarmThresholds) -> WarmDecision:
     """`items` (a replica's chosen warm set) as they are, or none with the first reason that holds."""
     saved = expected_saved_tokens(items)
     cost = sum(item.cost_tokens for item in items)

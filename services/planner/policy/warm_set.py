@@ -27,7 +27,7 @@ from warmplane.shared.hash_ring import HashRing
 
 
 @dataclass(frozen=True, slots=True)
-class WarmItem:
+class ChosenPrefix:
     """One prefix to warm: its cumulative `tokens`, the prefill `cost_tokens` it adds once the items before
     it are warm (its own block's tokens), and the probability that its block is reused in the ramp window."""
 
@@ -56,7 +56,7 @@ def select_warm_set(
     resident: Collection[int] = frozenset(),
     renderable: Container[int] | None = None,
     max_items: int | None = None,
-) -> list[WarmItem]:
+) -> list[ChosenPrefix]:
     """The prefixes to pre-fill on `share.replica` at `now`, ancestors before descendants.
 
     Contract: every item is in `share` and not in `resident` (prefix ids the replica already holds, taken
@@ -95,7 +95,7 @@ def select_warm_sets(
     renderable: Container[int] | None = None,
     max_items: int | None = None,
     calibration: Callable[[float], float] | None = None,
-) -> dict[str, list[WarmItem]]:
+) -> dict[str, list[ChosenPrefix]]:
     """`select_warm_set` for every replica of `limits` (its token limit) at once, each under its
     `RoutingShare(ring, replica, routing_depth)` and minus its `resident` prefixes: each result equals
     that replica's alone, but the trie is walked and the ring asked once for all of them, not once per
@@ -212,7 +212,7 @@ def _greedy(
     min_reuse_probability: float,
     renderable: Container[int] | None,
     max_items: int | None,
-) -> list[WarmItem]:
+) -> list[ChosenPrefix]:
     """The greedy selection over the candidates `probabilities` names (each prefix in the share and not
     `covered`, with its reuse probability), within `limit` tokens; updates `covered`."""
     remaining = limit
@@ -226,7 +226,7 @@ def _greedy(
         and (renderable is None or prefix_id in renderable)
     ]
     scored.sort(key=lambda pair: (-pair[0], pair[1].depth, pair[1].prefix_id))
-    chosen: list[WarmItem] = []
+    chosen: list[ChosenPrefix] = []
     rendered = 0
     items_left = max_items if max_items is not None else len(probabilities)
     for _, node in scored:
@@ -244,7 +244,7 @@ def _greedy(
         for step in path:
             covered.add(step.prefix_id)
             chosen.append(
-                WarmItem(
+                ChosenPrefix(
                     step.prefix_id, step.depth, step.tokens, step.own_tokens, probabilities[step.prefix_id]
                 )
             )

@@ -16,12 +16,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from warmplane.services.planner.core.simple_plan import (
-    Candidate,
-    PrefixNode,
-    choose_warm_set,
-    requests_through,
-)
 from warmplane.services.planner.policy import (
     LeafCount,
     PolicyKnobs,
@@ -39,6 +33,12 @@ from warmplane.services.planner.policy import (
 )
 from warmplane.services.planner.trace_eval.fleet_sim import LruCache, Request
 from warmplane.services.planner.trace_eval.params import EvalParams
+from warmplane.services.planner.trace_eval.simple_plan import (
+    Candidate,
+    PrefixNode,
+    choose_warm_set,
+    requests_through,
+)
 from warmplane.shared.hash_ring import HashRing
 
 NEW = "new"

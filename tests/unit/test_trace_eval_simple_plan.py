@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warmplane.services.planner.core.simple_plan import (
+from warmplane.services.planner.policy.replica_plan import NodeKey
+from warmplane.services.planner.trace_eval.simple_plan import (
     Candidate,
-    NodeKey,
     PrefixNode,
     choose_warm_set,
     requests_through,

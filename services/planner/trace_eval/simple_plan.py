@@ -1,4 +1,5 @@
-"""The simple warm-set policy: the most valuable catalogued prefixes under a token budget. Pure: no I/O.
+"""A trace-evaluation baseline, the simple warm-set policy: the most valuable catalogued prefixes under a
+token budget. Pure: no I/O.
 
 A prefix's value is the requests that went through it (its subtree's count in the recency window) times
 its cumulative tokens: the prefill a warm copy would have saved them. Warming a prefix warms its whole
@@ -12,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-NodeKey = tuple[int, int]
-"""(scope id, prefix id)."""
+from warmplane.services.planner.policy.replica_plan import NodeKey
 
 
 @dataclass(frozen=True, slots=True)
