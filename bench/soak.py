@@ -39,12 +39,12 @@ from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedRedis
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm, ensure_tiny_model
 from warmplane.shared.events import RequestObserved
+from warmplane.shared.plan_states import FINAL_PLAN_STATES
 from warmplane.shared.settings import KafkaSettings
 from warmplane.shared.topics import Topics
 
 _START_TIMEOUT_S = 180.0
 _DRAIN_TIMEOUT_S = 180.0
-FINAL_PLAN_STATES = frozenset({"verified", "partial", "failed", "superseded"})
 
 
 @dataclass(frozen=True, slots=True)

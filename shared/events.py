@@ -351,5 +351,12 @@ AnyEvent = (
     | ReplicaResidency
 )
 ReplicaEvent = _ReplicaEvent
-EVENT_TYPES: dict[str, type[Event]] = {str(cls.__struct_config__.tag): cls for cls in AnyEvent.__args__}
+
+
+def event_type(event: Event | type[Event]) -> str:
+    """The contract's name for an event or an event class: its `type` tag."""
+    return str(event.__struct_config__.tag)
+
+
+EVENT_TYPES: dict[str, type[Event]] = {event_type(cls): cls for cls in AnyEvent.__args__}
 """Every event class by its `type` tag."""

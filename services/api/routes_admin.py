@@ -34,6 +34,7 @@ from warmplane.shared.events import (
     FleetScaled,
     ModelRef,
     ReplicaRewarmRequested,
+    event_type,
 )
 
 router = APIRouter(
@@ -139,8 +140,8 @@ async def _publish(deps: ApiDeps, event: Event) -> None:
     try:
         await deps.events.publish(event)
     except Exception as exc:
-        raise BrokerUnavailable(f"the broker did not take the {event.__struct_config__.tag} event") from exc
-    deps.metrics.actions.labels(type=str(event.__struct_config__.tag)).inc()
+        raise BrokerUnavailable(f"the broker did not take the {event_type(event)} event") from exc
+    deps.metrics.actions.labels(type=event_type(event)).inc()
 
 
 class BrokerUnavailable(Exception):

@@ -23,11 +23,11 @@ from warmplane.services.api.schemas import (
     Plan,
     PlanDetail,
     PlanItem,
-    PlanState,
     Problem,
     TrafficPoint,
     WarmSet,
 )
+from warmplane.shared.plan_states import PlanState
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "no token, or an unknown one"},

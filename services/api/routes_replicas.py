@@ -24,10 +24,10 @@ from warmplane.services.api.schemas import (
     Replica,
     ReplicaDetail,
     ReplicaHits,
-    ReplicaState,
     Residency,
     Transition,
 )
+from warmplane.shared.events import ReplicaState
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
 _SUMS = ("requests", "cold_requests", "prompt_tokens", "cached_tokens", "ttft_ms_sum", "ttft_count")

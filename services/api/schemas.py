@@ -11,11 +11,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from warmplane.services.api import figures
+from warmplane.shared.events import ReplicaState
+from warmplane.shared.plan_states import PlanState
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
 OptionalName = Annotated[str, Field(max_length=128, pattern=r"^[^\x00]*$")]
-ReplicaState = Literal["starting", "loading", "warming", "ready", "draining", "gone", "failed"]
-PlanState = Literal["issued", "warming", "verified", "partial", "failed", "superseded"]
 
 
 def _json_integer(value: Any) -> Any:

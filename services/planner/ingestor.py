@@ -38,11 +38,11 @@ from warmplane.services.planner.core.ingest_batch import IngestBatch, fold_event
 from warmplane.services.planner.core.node_cache import NodeCache
 from warmplane.services.planner.core.recent_ids import RecentIds
 from warmplane.services.planner.metrics import PlannerMetrics
-from warmplane.services.planner.pg_store import Fenced, PartitionSlice, event_type
+from warmplane.services.planner.pg_store import Fenced, PartitionSlice
 from warmplane.shared.codec import DecodeFailure, EventCodec
 from warmplane.shared.dead_letters import DeadLetter, DeadLetterSink, RawRecord, reason_class
 from warmplane.shared.event_signing import SignedTopics
-from warmplane.shared.events import Event
+from warmplane.shared.events import Event, event_type
 
 log = logging.getLogger(__name__)
 

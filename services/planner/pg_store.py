@@ -31,7 +31,9 @@ from warmplane.shared.events import (
     ReplicaLost,
     WarmFinished,
     WarmProgressed,
+    event_type,
 )
+from warmplane.shared.plan_states import plan_state
 
 _json = msgspec.json.Encoder()
 log = logging.getLogger(__name__)
@@ -413,18 +415,6 @@ class PgIngestStore:
                 "DELETE FROM prefix_catalog WHERE last_seen < $1", catalog_before
             )
         return int(ledger.split()[-1]), int(catalog.split()[-1])
-
-
-def plan_state(result: WarmFinished) -> str:
-    """`verified` when nothing failed, `partial` when some prefixes are held, else `failed`."""
-    if not result.partial and not result.failures:
-        return "verified"
-    return "partial" if result.verified_hits > 0 else "failed"
-
-
-def event_type(event: Event | type[Event]) -> str:
-    """The contract's name for an event or event class (its `type` tag)."""
-    return str(event.__struct_config__.tag)
 
 
 class _DryRun(Exception):

@@ -29,12 +29,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from warmplane.services.planner.metrics import PlannerMetrics
-from warmplane.services.planner.pg_store import plan_state
 from warmplane.services.planner.plan_choice import LIVE_STATES, Choice, ChoiceStore, WarmSetChooser
 from warmplane.services.planner.settings import PlanSettings, RingSettings
 from warmplane.shared.codec import DEFAULT_MAX_EVENT_BYTES
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import EpochBumped, ModelRef, ReplicaStarted, WarmFinished, WarmPlanIssued
+from warmplane.shared.plan_states import plan_state
 
 log = logging.getLogger(__name__)
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.soak import FINAL_PLAN_STATES, SoakShape, run_soak
+from bench.soak import SoakShape, run_soak
 from bench.soak_fleet import Parts
 from tests.integration.conftest import fresh_database
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedRedis
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm
+from warmplane.shared.plan_states import FINAL_PLAN_STATES
 
 SHAPE = SoakShape(duration_s=60, warmup_s=20, event_rate=500, chat_rate=2, bump_every_s=12, read_every_s=2)
 SERVICES = ("planner", "warmer", "gateway", "api")
