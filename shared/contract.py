@@ -1,10 +1,11 @@
 """The event contract as documents a producer in any language can follow (issue 17): a JSON Schema of every
-event, an AsyncAPI description of the topics with their keys and headers, and test vectors of prefix ids.
+event, an AsyncAPI description of the topics with their keys and headers, test vectors of prefix ids, and
+test vectors of the routing ring (which replica a prefix id goes to).
 
-They are generated from the code that defines the contract (`events`, `topics`, `prefix_chain`), never
-written by hand, and committed under `docs/contract/`: `python -m warmplane.shared.contract docs/contract`
-writes them, and a test keeps the committed files equal to what the code generates and checks every golden
-payload against the schema.
+They are generated from the code that defines the contract (`events`, `topics`, `prefix_chain`,
+`hash_ring`), never written by hand, and committed under `docs/contract/`:
+`python -m warmplane.shared.contract docs/contract` writes them, and a test keeps the committed files equal
+to what the code generates and checks every golden payload against the schema.
 """
 
 from __future__ import annotations
@@ -17,21 +18,14 @@ from typing import Any, Final
 
 import msgspec
 
+from warmplane.shared.contract_vectors import prefix_vectors, ring_vectors
 from warmplane.shared.events import EVENT_TYPES, SCHEMA_VERSION, AnyEvent, Event
-from warmplane.shared.prefix_chain import (
-    DEFAULT_CHUNK_CHARS,
-    DEFAULT_CHUNK_TOKENS,
-    Namespace,
-    PrefixChain,
-    chat_chain,
-    text_chain,
-    token_chain,
-)
 from warmplane.shared.topics import SIGNATURE_HEADER, DeadLetterHeaders, Topics, key_rule
 
 SCHEMA_FILE: Final = "events.schema.json"
 ASYNCAPI_FILE: Final = "asyncapi.json"
 VECTORS_FILE: Final = "prefix-ids.json"
+RING_FILE: Final = "ring-owners.json"
 _SCHEMA_ID: Final = "https://warmplane.dev/contract/v1/events.schema.json"
 _PREFIX: Final = Topics().prefix
 
@@ -101,86 +95,14 @@ def asyncapi() -> dict[str, Any]:
     }
 
 
-def prefix_vectors() -> dict[str, Any]:
-    """Prompts and the prefix ids (and cumulative token estimates) `prefix_chain` gives them: a producer in
-    another language that reproduces these produces the same ids."""
-    acme = Namespace("acme", "llama-3-8b")
-    revised = Namespace("acme", "llama-3-8b", "support-bot@2")
-    long_text = "".join(chr(0x61 + i % 26) for i in range(DEFAULT_CHUNK_CHARS + 100))
-    system = {"role": "system", "content": "You are a careful assistant."}
-    cases: list[dict[str, Any]] = []
-
-    def add(name: str, namespace: Namespace, kind: str, prompt: Any, chain: PrefixChain) -> None:
-        cases.append(
-            {
-                "name": name,
-                "namespace": {
-                    "tenant": namespace.tenant,
-                    "model": namespace.model,
-                    "prompt_rev": namespace.prompt_rev,
-                },
-                "root_parent": namespace.root_parent(),
-                kind: prompt,
-                "ids": list(chain.ids),
-                "tokens": list(chain.tokens),
-            }
-        )
-
-    chats: Sequence[tuple[str, Namespace, list[dict[str, Any]]]] = (
-        ("chat: one message", acme, [system]),
-        (
-            "chat: a conversation, each message a segment",
-            acme,
-            [system, {"role": "user", "content": "Où est la gare ?"}],
-        ),
-        (
-            "chat: the same under another prompt revision",
-            revised,
-            [system, {"role": "user", "content": "Où est la gare ?"}],
-        ),
-        (
-            "chat: a message longer than a chunk is cut",
-            acme,
-            [system, {"role": "user", "content": long_text}],
-        ),
-        (
-            "chat: content parts (not a string) are one segment",
-            acme,
-            [{"role": "user", "content": [{"type": "text", "text": "Describe this."}]}],
-        ),
-        (
-            "chat: a message's other fields belong to its first segment",
-            acme,
-            [{"role": "user", "name": "ana", "content": "Hi"}],
-        ),
-    )
-    for name, namespace, messages in chats:
-        add(name, namespace, "messages", messages, chat_chain(namespace, messages))
-    for name, text in (
-        ("text: one chunk", "Translate to German: "),
-        ("text: cut every 2,048 characters", long_text),
-    ):
-        add(name, acme, "prompt", text, text_chain(acme, text))
-    tokens = list(range(1, DEFAULT_CHUNK_TOKENS + 11))
-    add("token ids: cut every 512 tokens", acme, "prompt_token_ids", tokens, token_chain(acme, tokens))
-    add(
-        "token ids: negative and large ids",
-        Namespace("globex", "m"),
-        "prompt_token_ids",
-        [0, -1, 2**40],
-        token_chain(Namespace("globex", "m"), [0, -1, 2**40]),
-    )
-    return {
-        "description": "Prefix ids as `warmplane.shared.prefix_chain` computes them (README.md says how).",
-        "chunk_chars": DEFAULT_CHUNK_CHARS,
-        "chunk_tokens": DEFAULT_CHUNK_TOKENS,
-        "cases": cases,
-    }
-
-
 def documents() -> dict[str, str]:
     """Each file's name and text, as committed."""
-    texts = {SCHEMA_FILE: event_schema(), ASYNCAPI_FILE: asyncapi(), VECTORS_FILE: prefix_vectors()}
+    texts = {
+        SCHEMA_FILE: event_schema(),
+        ASYNCAPI_FILE: asyncapi(),
+        VECTORS_FILE: prefix_vectors(),
+        RING_FILE: ring_vectors(),
+    }
     return {name: json.dumps(value, indent=2, ensure_ascii=False) + "\n" for name, value in texts.items()}
 
 

@@ -1,12 +1,16 @@
 """The published contract (`docs/contract`, from `shared/contract.py`): the committed files are what the code
 generates, every golden payload is valid under the schema and broken ones are not, every event is on the
-channel it is published to with the key it is published under, and the prefix ids follow from the README's
-description alone (an implementation written here from it, without `prefix_chain`)."""
+channel it is published to with the key it is published under, and the prefix ids and the ring's owners
+follow from the README's description alone (implementations written here from it, without `prefix_chain`
+or `hash_ring`)."""
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
+import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,7 @@ import pytest
 
 from tests.golden_payloads import golden_payloads
 from warmplane.shared.codec import DecodeFailure, EventCodec
-from warmplane.shared.contract import ASYNCAPI_FILE, SCHEMA_FILE, VECTORS_FILE, documents
+from warmplane.shared.contract import ASYNCAPI_FILE, RING_FILE, SCHEMA_FILE, VECTORS_FILE, documents
 from warmplane.shared.events import EVENT_TYPES
 from warmplane.shared.topics import Topics, partition_key
 
@@ -147,3 +151,64 @@ def test_the_readme_alone_gives_the_published_prefix_ids() -> None:
             ids.append(parent)
         assert ids == case["ids"], case["name"]
     assert any(len(case["ids"]) > 1 and "cut" in case["name"] for case in vectors["cases"])
+
+
+def _mix(x: int) -> int:
+    mask = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+def _key_point(key: int) -> int:
+    return _mix(struct.unpack(">Q", struct.pack(">q", key))[0])
+
+
+def _ring(
+    members: dict[str, float], vnodes: int, rounding: Callable[[float], int] = round
+) -> list[tuple[int, str, int]]:
+    """Every point as (point, member, index), sorted: by point, then name by code point, then index."""
+    points = []
+    for member, weight in members.items():
+        for index in range(max(1, rounding(vnodes * weight))):
+            digest = hashlib.blake2b(f"{member}\x00{index}".encode(), digest_size=8).digest()
+            points.append((struct.unpack(">Q", digest)[0], member, index))
+    return sorted(points)
+
+
+def _preference(ring: list[tuple[int, str, int]], key: int) -> list[str]:
+    start = bisect.bisect_left(ring, (_key_point(key),))
+    order: list[str] = []
+    for step in range(len(ring)):
+        member = ring[(start + step) % len(ring)][1]
+        if member not in order:
+            order.append(member)
+    return order
+
+
+def test_the_readme_alone_gives_the_published_ring_owners() -> None:
+    fleets = _load(RING_FILE)["fleets"]
+    assert sorted(len(fleet["members"]) for fleet in fleets) == [1, 3, 3, 8]
+    for fleet in fleets:
+        ring = _ring(fleet["members"], fleet["vnodes"])
+        for case in fleet["cases"]:
+            assert case["point"] == _key_point(case["key"]), (fleet["name"], case["key"])
+            order = _preference(ring, case["key"])
+            assert case["owner"] == order[0], (fleet["name"], case["key"])
+            assert case["preference"] == order[: min(4, len(order))], (fleet["name"], case["key"])
+
+
+def test_the_ring_vectors_reach_every_member_the_wrap_and_the_rounding() -> None:
+    fleets = _load(RING_FILE)["fleets"]
+    keys = {key for fleet in fleets for key in (case["key"] for case in fleet["cases"])}
+    assert {0, -1, 2**63 - 1, -(2**63)} <= keys
+    for fleet in fleets:
+        last = _ring(fleet["members"], fleet["vnodes"])[-1][0]
+        assert any(case["point"] > last for case in fleet["cases"]), f"{fleet['name']}: no key wraps"
+        assert {case["owner"] for case in fleet["cases"]} == set(fleet["members"]), fleet["name"]
+    [small] = [fleet for fleet in fleets if fleet["vnodes"] * min(fleet["members"].values()) == 0.5]
+    half_up = _ring(small["members"], small["vnodes"], lambda x: int(x + 0.5))
+    assert any(case["owner"] != _preference(half_up, case["key"])[0] for case in small["cases"]), (
+        "rounding halves up instead of to even goes unseen"
+    )
