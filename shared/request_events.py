@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from warmplane.shared.events import ModelRef, PrefixMissed, PrefixPayload, RequestObserved
+from warmplane.shared.kv_blocks import cacheable_tokens
 from warmplane.shared.prefix_chain import Namespace, PrefixChain, chat_chain, text_chain, token_chain
 
 
@@ -45,16 +46,11 @@ def scaled_tokens(estimates: tuple[int, ...], prompt_tokens: int) -> list[int]:
     return [min(prompt_tokens, round(tokens * prompt_tokens / last)) for tokens in estimates]
 
 
-def cacheable(tokens: int, prompt_tokens: int, block_size: int) -> int:
-    """The tokens of a prefix of `tokens` the engine can hold: its full blocks, never the last token."""
-    return block_size * (min(tokens, prompt_tokens - 1) // block_size)
-
-
 def resident_depth(chain_tokens: list[int], prompt_tokens: int, cached: int, block_size: int) -> int:
     """How many leading chain elements were resident: their cacheable tokens were all found cached."""
     depth = 0
     for tokens in chain_tokens:
-        if cacheable(tokens, prompt_tokens, block_size) > cached:
+        if cacheable_tokens(tokens, prompt_tokens, block_size) > cached:
             break
         depth += 1
     return depth
@@ -157,7 +153,7 @@ def observed_events(
         payload=seen.payload,
         **common,
     )
-    if cacheable(tokens[0], seen.prompt_tokens, block_size) <= seen.cached_tokens:
+    if cacheable_tokens(tokens[0], seen.prompt_tokens, block_size) <= seen.cached_tokens:
         return observed, None
     depth = resident_depth(tokens, seen.prompt_tokens, seen.cached_tokens, block_size)
     missed = PrefixMissed(event_id=new_id(), resident_depth=depth, cached_tokens=seen.cached_tokens, **common)

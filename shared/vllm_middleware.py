@@ -34,6 +34,7 @@ from pydantic import Field
 from warmplane.shared.emitter import Emitter
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import Event, ModelRef
+from warmplane.shared.kv_blocks import DEFAULT_BLOCK_SIZE
 from warmplane.shared.prefix_chain import Namespace
 from warmplane.shared.request_events import (
     Observation,
@@ -75,7 +76,7 @@ class VllmEventSettings(WarmplaneSettings):
     """A request header naming the tenant, set by a router you trust; empty: every request is `tenant`'s."""
     model_revision: str = ""
     """The served model's revision, as its warmer announces it."""
-    block_size: int = Field(16, ge=1)
+    block_size: int = Field(DEFAULT_BLOCK_SIZE, ge=1)
     """The engine's KV block size (`--block-size`): the prefix-missed rule."""
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
     """Larger request bodies are passed on unobserved (answers are read only for their usage)."""

@@ -14,6 +14,7 @@ from typing import Annotated, Self
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
+from warmplane.shared.kv_blocks import DEFAULT_BLOCK_SIZE
 from warmplane.shared.rate_limit import RateLimitSettings
 from warmplane.shared.settings import MIN_KEY_CHARS, DatabaseSettings, EmitterSettings, RedisSettings
 
@@ -73,7 +74,7 @@ class GatewayOptions(BaseModel):
     keepalive_s: Seconds = 4.0
     """How long an idle connection to a replica is kept for reuse: under the replica's own idle
     timeout (vLLM's is 5 s), so no request meets a connection the replica is closing."""
-    block_size: Annotated[int, Field(ge=1, le=1024)] = 16
+    block_size: Annotated[int, Field(ge=1, le=1024)] = DEFAULT_BLOCK_SIZE
     """The replicas' KV block size in tokens: the leading prefix is resident if its full blocks hit."""
     priority: int = 0
     """vLLM priority of real traffic, overriding the client's (warm-ups run at 10)."""

@@ -13,6 +13,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, Field, SecretStr, model_validator
 
+from warmplane.shared.kv_blocks import DEFAULT_BLOCK_SIZE
 from warmplane.shared.settings import HeartbeatSettings, WarmplaneSettings
 
 Seconds = Annotated[float, Field(gt=0)]
@@ -33,7 +34,7 @@ class EngineSettings(BaseModel):
     """The model name the engine's OpenAI API answers to (`--served-model-name`)."""
     model_revision: Annotated[str, Field(max_length=128)] = ""
     """The weights revision it serves (vLLM does not expose one); goes on its lifecycle events."""
-    block_size: Annotated[int, Field(ge=1, le=1024)] = 16
+    block_size: Annotated[int, Field(ge=1, le=1024)] = DEFAULT_BLOCK_SIZE
     """The engine's KV block size in tokens (`--block-size`): what a probe counts in."""
     kv_events_endpoint: Annotated[str, Field(pattern=r"^(tcp|ipc)://[^\s]+$")] | None = None
     """Where the engine publishes its KV cache events (the `endpoint` of its `--kv-events-config`, with

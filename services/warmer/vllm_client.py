@@ -33,8 +33,8 @@ from typing import Any, Final, Protocol, Self
 import httpx
 
 from warmplane.shared.events import PrefixPayload
+from warmplane.shared.kv_blocks import cacheable_tokens
 
-DEFAULT_BLOCK_SIZE: Final = 32
 WARM_PRIORITY: Final = 10
 _MAX_REASON_CHARS: Final = 300
 #: The chat rendering ends on the complete last turn: a strict token prefix of the next real turn's prompt.
@@ -97,7 +97,7 @@ class VllmEngineClient:
         connect_timeout_s: float,
         request_timeout_s: float,
         health_timeout_s: float = 2.0,
-        block_size: int = DEFAULT_BLOCK_SIZE,
+        block_size: int,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if block_size < 1:
@@ -125,7 +125,7 @@ class VllmEngineClient:
 
     def expected_cached_tokens(self, prompt_tokens: int) -> int:
         """Cached tokens a repeat of a ``prompt_tokens``-long prompt finds: whole blocks before its last."""
-        return self.block_size * (max(prompt_tokens - 1, 0) // self.block_size)
+        return cacheable_tokens(prompt_tokens, prompt_tokens, self.block_size)
 
     async def kv_capacity_tokens(self) -> int | None:
         """Tokens the engine's prefix cache can hold: usable KV blocks (``num_gpu_blocks`` of

@@ -61,7 +61,11 @@ def secret() -> bytes:
 @pytest.fixture
 async def client(vllm_engine: EmbeddedVllm) -> AsyncIterator[VllmEngineClient]:
     async with VllmEngineClient(
-        vllm_engine.base_url, vllm_engine.model_name, connect_timeout_s=5.0, request_timeout_s=60.0
+        vllm_engine.base_url,
+        vllm_engine.model_name,
+        connect_timeout_s=5.0,
+        request_timeout_s=60.0,
+        block_size=BLOCK_SIZE,
     ) as engine_client:
         yield engine_client
 
@@ -198,7 +202,12 @@ async def test_an_absent_engine_is_unhealthy_and_fails_warm_ups_quickly() -> Non
     base_url = f"http://127.0.0.1:{_free_port()}"
     payload = PrefixPayload(prefix_id=1, messages=[{"role": "system", "content": "Be brief."}])
     async with VllmEngineClient(
-        base_url, "tiny-llama", connect_timeout_s=1.0, request_timeout_s=30.0, health_timeout_s=1.0
+        base_url,
+        "tiny-llama",
+        connect_timeout_s=1.0,
+        request_timeout_s=30.0,
+        health_timeout_s=1.0,
+        block_size=32,
     ) as client:
         assert await client.health() is False
         started = time.monotonic()

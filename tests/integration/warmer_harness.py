@@ -128,7 +128,7 @@ async def counted(dsn: str, expected: int) -> bool:
 async def full_blocks(engine: EmbeddedVllm, messages: list[Message]) -> int:
     """Tokens in the whole blocks of the warm rendering of `messages` (what a real request reuses)."""
     async with VllmEngineClient(
-        engine.base_url, engine.model_name, connect_timeout_s=5, request_timeout_s=30
+        engine.base_url, engine.model_name, connect_timeout_s=5, request_timeout_s=30, block_size=BLOCK_SIZE
     ) as client:
         tokens = await client.tokenize(PrefixPayload(prefix_id=0, messages=messages))
     return BLOCK_SIZE * (len(tokens) // BLOCK_SIZE)

@@ -23,7 +23,7 @@ from warmplane.shared.events import (
     ReplicaStarted,
     ReplicaStopped,
 )
-from warmplane.shared.request_events import PayloadMemory, cacheable, resident_depth, scaled_tokens
+from warmplane.shared.request_events import PayloadMemory, resident_depth, scaled_tokens
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -194,10 +194,7 @@ def test_the_relay_keeps_a_chunk_that_has_choices_and_usage() -> None:
     assert relay.finish() == b"data: [DO"
 
 
-def test_residency_counts_full_blocks_only_and_never_the_last_token() -> None:
-    assert cacheable(100, prompt_tokens=200, block_size=32) == 96
-    assert cacheable(200, prompt_tokens=200, block_size=32) == 192
-    assert cacheable(20, prompt_tokens=200, block_size=32) == 0
+def test_a_prefix_is_resident_when_all_its_whole_blocks_were_found_cached() -> None:
     assert resident_depth([100, 150, 200], prompt_tokens=200, cached=96, block_size=32) == 1
     assert resident_depth([100, 150, 200], prompt_tokens=200, cached=128, block_size=32) == 2
     assert resident_depth([100, 150, 200], prompt_tokens=200, cached=192, block_size=32) == 3

@@ -23,6 +23,7 @@ def _client(handler: Handler) -> VllmEngineClient:
         "m",
         connect_timeout_s=1.0,
         request_timeout_s=1.0,
+        block_size=32,
         transport=httpx.MockTransport(handler),
     )
 

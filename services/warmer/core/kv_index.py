@@ -29,6 +29,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from warmplane.shared.kv_blocks import reusable_blocks
+
 _CACHED_MEDIA: Final = frozenset({None, "GPU"})
 REMOVALS_KEPT: Final = 65_536
 """Removed blocks remembered with the batch that removed them: a bound, so memory stays flat on a busy
@@ -54,7 +56,7 @@ def _digest(tokens: Sequence[int]) -> int:
 
 def block_chain(token_ids: Sequence[int], block_size: int, cache_salt: str | None) -> BlockChain:
     """The chain of a prompt of `token_ids` under `cache_salt`, in blocks of `block_size` tokens."""
-    count = max(len(token_ids) - 1, 0) // block_size
+    count = reusable_blocks(len(token_ids), block_size)
     digests = tuple(_digest(token_ids[i * block_size : (i + 1) * block_size]) for i in range(count))
     return BlockChain(_extra([cache_salt] if cache_salt else None), digests)
 
