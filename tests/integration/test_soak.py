@@ -1,4 +1,4 @@
-"""A minute of the soak (`bench/soak.py`) on real parts: after its warm-up no service's memory grows past
+"""A minute of the soak (`bench/soak_run.py`) on real parts: after its warm-up no service's memory grows past
 10%, nor its descriptors or event-loop tasks past a few, nothing is lost, and every plan ends. The ten-minute
 soak is the benchmark (`python -m bench.soak`)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.soak import SoakShape, run_soak
 from bench.soak_fleet import Parts
+from bench.soak_run import SoakShape, run_soak
 from tests.integration.conftest import fresh_database
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedRedis
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm
