@@ -22,10 +22,13 @@ import bisect
 import hashlib
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Final
 
 from warmplane.shared.ring_layout import layout
 
 _MASK = (1 << 64) - 1
+DEFAULT_VNODES: Final = 128
+DEFAULT_LOAD_FACTOR: Final = 1.25
 
 
 def _mix(value: int) -> int:
@@ -50,7 +53,11 @@ class HashRing:
     """
 
     def __init__(
-        self, members: Mapping[str, float] | Iterable[str], *, vnodes: int = 128, load_factor: float = 1.25
+        self,
+        members: Mapping[str, float] | Iterable[str],
+        *,
+        vnodes: int = DEFAULT_VNODES,
+        load_factor: float = DEFAULT_LOAD_FACTOR,
     ) -> None:
         weights = dict(members) if isinstance(members, Mapping) else dict.fromkeys(members, 1.0)
         if vnodes < 1:

@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from warmplane.shared.codec import DEFAULT_MAX_EVENT_BYTES
+from warmplane.shared.hash_ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
 
 PositiveInt = Annotated[int, Field(gt=0)]
 S = TypeVar("S", bound=BaseSettings)
@@ -181,6 +182,19 @@ class HeartbeatSettings(BaseModel):
     @property
     def timeout_s(self) -> float:
         return self.interval_s * self.missed
+
+
+class RingSettings(BaseModel):
+    """The routing ring (`shared/hash_ring.py`), `WARMPLANE_ROUTING__*`: the gateway routes by it and the
+    planner plans by it, so both read these from one ConfigMap; a mismatch warms prefixes routed elsewhere."""
+
+    depth: Annotated[int, Field(ge=0, le=64)] = 0
+    """The chain element requests are routed by (0: the root; the last one for a shorter chain). Deeper
+    spreads traffic that shares a system prompt."""
+    vnodes: Annotated[int, Field(ge=1, le=4096)] = DEFAULT_VNODES
+    """Points each replica has on the ring."""
+    load_factor: Annotated[float, Field(ge=1)] = DEFAULT_LOAD_FACTOR
+    """A replica takes at most this times its weighted share of the requests in flight (bounded load)."""
 
 
 class WarmplaneSettings(BaseSettings):

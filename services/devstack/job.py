@@ -54,8 +54,8 @@ from warmplane.services.planner.settings import (
     ColdStartSettings,
     IngestSettings,
     PlannerSettings,
+    PlanRingSettings,
     PlanSettings,
-    RingSettings,
 )
 from warmplane.shared import migrate
 from warmplane.shared.embedded import EmbeddedStack
@@ -202,7 +202,7 @@ def _planner_settings(
             warm_seconds=WARM_SECONDS,
             prefill_tokens_per_s=PREFILL_TOKENS_PER_S,
         ),
-        routing=RingSettings(depth=ROUTING_DEPTH),
+        routing=PlanRingSettings(depth=ROUTING_DEPTH),
         # The recorded events carry no cache figures (every request looks cold): the alarm would re-plan
         # replica-0 while it serves the live minute, and blur what the scale-up shows.
         cold_start=ColdStartSettings(enabled=False),

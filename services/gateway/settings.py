@@ -16,7 +16,13 @@ from pydantic import BaseModel, Field, SecretStr, field_validator, model_validat
 
 from warmplane.shared.kv_blocks import DEFAULT_BLOCK_SIZE
 from warmplane.shared.rate_limit import RateLimitSettings
-from warmplane.shared.settings import MIN_KEY_CHARS, DatabaseSettings, EmitterSettings, RedisSettings
+from warmplane.shared.settings import (
+    MIN_KEY_CHARS,
+    DatabaseSettings,
+    EmitterSettings,
+    RedisSettings,
+    RingSettings,
+)
 
 Seconds = Annotated[float, Field(gt=0)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
@@ -31,16 +37,9 @@ class StaticReplica(BaseModel):
     model_revision: Annotated[str, Field(max_length=128)] = ""
 
 
-class RoutingSettings(BaseModel):
-    """The hash ring and its bounds (`shared/hash_ring.py`): the planner must use the same values."""
+class RoutingSettings(RingSettings):
+    """The ring the planner shares (`RingSettings`), and how the gateway ramps, ejects and fails over."""
 
-    depth: Annotated[int, Field(ge=0, le=64)] = 0
-    """The chain element requests are routed by (0: the root; the last one for a shorter chain), as the
-    planner's `RoutingShare(routing_depth=...)` assumes. Deeper spreads traffic sharing a system prompt."""
-    vnodes: Annotated[int, Field(ge=1, le=4096)] = 128
-    """Points each replica has on the ring (the planner's must match)."""
-    load_factor: Annotated[float, Field(ge=1)] = 1.25
-    """A replica takes at most this times its weighted share of the requests in flight."""
     ramp_s: Annotated[float, Field(ge=0)] = 60.0
     """A replica that just turned ready grows from `ramp_min_weight` to full weight over this long."""
     ramp_min_weight: Annotated[float, Field(gt=0, le=1)] = 0.1

@@ -45,7 +45,7 @@ from warmplane.services.planner.policy import (
     weight_horizon_s,
 )
 from warmplane.services.planner.policy.replica_plan import NodeKey
-from warmplane.services.planner.settings import PlanSettings, RingSettings
+from warmplane.services.planner.settings import PlanRingSettings, PlanSettings
 from warmplane.shared.events import LIVE_REPLICA_STATES, PrefixPayload, WarmItem
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class WarmSetChooser:
         self,
         store: ChoiceStore,
         settings: PlanSettings,
-        ring: RingSettings,
+        ring: PlanRingSettings,
         *,
         bucket_seconds: int,
         max_plan_bytes: int,

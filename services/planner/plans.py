@@ -30,7 +30,7 @@ from typing import Protocol
 
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.plan_choice import LIVE_STATES, Choice, ChoiceStore, WarmSetChooser
-from warmplane.services.planner.settings import PlanSettings, RingSettings
+from warmplane.services.planner.settings import PlanRingSettings, PlanSettings
 from warmplane.shared.codec import DEFAULT_MAX_EVENT_BYTES
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import EpochBumped, ModelRef, ReplicaStarted, WarmFinished, WarmPlanIssued
@@ -68,7 +68,7 @@ class PlanIssuer:
         settings: PlanSettings,
         bucket_seconds: int,
         metrics: PlannerMetrics,
-        ring: RingSettings | None = None,
+        ring: PlanRingSettings | None = None,
         max_plan_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
@@ -80,7 +80,7 @@ class PlanIssuer:
         self._chooser = WarmSetChooser(
             store,
             settings,
-            ring or RingSettings(),
+            ring or PlanRingSettings(),
             bucket_seconds=bucket_seconds,
             max_plan_bytes=max_plan_bytes,
             clock=clock,

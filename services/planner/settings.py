@@ -7,7 +7,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, Field, model_validator
 
 from warmplane.services.planner.policy import PolicyKnobs
-from warmplane.shared.settings import DatabaseSettings, HeartbeatSettings
+from warmplane.shared.settings import DatabaseSettings, HeartbeatSettings, RingSettings
 
 _KNOBS = PolicyKnobs()
 """The policy's defaults, which the trace evaluator measures too."""
@@ -136,16 +136,10 @@ class PlanSettings(BaseModel):
         return self
 
 
-class RingSettings(BaseModel):
-    """The gateway's ring (`WARMPLANE_ROUTING__*`, the same variables the gateway reads): which replica
-    a prefix is routed to decides which replica's plan it belongs in."""
+class PlanRingSettings(RingSettings):
+    """The gateway's ring (`RingSettings`, the variables the gateway reads): which replica a prefix is
+    routed to decides which replica's plan it belongs in; and whether requests are routed by it at all."""
 
-    depth: Annotated[int, Field(ge=0, le=64)] = 0
-    """Chain element routed by (must match the planner's `routing_depth`)."""
-    vnodes: Annotated[int, Field(ge=1, le=4096)] = 128
-    """Points each replica has on the ring."""
-    load_factor: Annotated[float, Field(ge=1)] = 1.25
-    """Bounded load, ring points."""
     mode: Literal["ring", "spread"] = "ring"
     """`ring`: requests are routed by Warmplane's gateway (or a router keyed as it is), so each replica is
     planned for the prefixes its share of the ring sends it. `spread`: the team's own router (vllm-router,
@@ -178,7 +172,7 @@ class ColdStartSettings(BaseModel):
 class PlannerSettings(DatabaseSettings):
     ingest: IngestSettings = IngestSettings()
     plans: PlanSettings = PlanSettings()
-    routing: RingSettings = RingSettings()
+    routing: PlanRingSettings = PlanRingSettings()
     cold_start: ColdStartSettings = ColdStartSettings()
     heartbeat: HeartbeatSettings = HeartbeatSettings()
     metrics_port: Annotated[int, Field(ge=0, le=65_535)] = 9464

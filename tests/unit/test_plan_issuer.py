@@ -15,7 +15,7 @@ from warmplane.services.planner.fleet_reactions import FleetReactor
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica
 from warmplane.services.planner.plans import PlanIssuer, Unplanned
-from warmplane.services.planner.settings import ColdStartSettings, PlanSettings, RingSettings
+from warmplane.services.planner.settings import ColdStartSettings, PlanRingSettings, PlanSettings
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
     EpochBumped,
@@ -75,7 +75,7 @@ def issuer(
         settings=settings,
         bucket_seconds=60,
         metrics=metrics,
-        ring=RingSettings(),
+        ring=PlanRingSettings(),
         clock=lambda: now[0],
     )
 

@@ -19,7 +19,7 @@ from warmplane.services.planner.policy.budget import WarmBudget
 from warmplane.services.planner.policy.calibration import ReuseCalibration, fit_isotonic, reused_prefixes
 from warmplane.services.planner.policy.prefix_trie import PrefixTrie
 from warmplane.services.planner.policy.warm_set import ChosenPrefix, select_warm_sets
-from warmplane.shared.hash_ring import HashRing
+from warmplane.shared.hash_ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES, HashRing
 
 NodeKey = tuple[int, int]
 """(scope id, prefix id): a stored prefix's key (prefix ids are namespaced by scope)."""
@@ -53,8 +53,8 @@ class RingSpec:
     use the same values, or it warms prefixes that are routed elsewhere."""
 
     depth: int = 0
-    vnodes: int = 128
-    load_factor: float = 1.25
+    vnodes: int = DEFAULT_VNODES
+    load_factor: float = DEFAULT_LOAD_FACTOR
     spread: bool = False
     """The router is not this ring (round robin, least load, or a prefix hash of its own the planner cannot
     reproduce): each replica is planned for its weight share of every prefix's traffic, as if requests
