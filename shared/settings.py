@@ -197,6 +197,14 @@ class RingSettings(BaseModel):
     """A replica takes at most this times its weighted share of the requests in flight (bounded load)."""
 
 
+class StatisticsSettings(BaseModel):
+    """How the planner's statistics are stored, which the API reads them by: one variable for both."""
+
+    bucket_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
+    """Width of a statistics time bucket: requests are counted per bucket, and the API's windows are whole
+    buckets. Change it only on an empty database (stored buckets keep the width they were counted in)."""
+
+
 class WarmplaneSettings(BaseSettings):
     """The base of every service's settings: the broker all of them reach, and logging. A service
     declares only the parts it uses (`DatabaseSettings`, a Redis of its own), so its settings, and the
@@ -234,10 +242,13 @@ RENAMED: Final = {
     "WARMPLANE_API_TOKENS": "WARMPLANE_API_CALLERS",
     "WARMPLANE_API_TOKEN": "WARMPLANE_CLI_TOKEN",
     "WARMPLANE_INGEST__FETCH_MAX_WAIT_MS": "WARMPLANE_KAFKA__FETCH_MAX_WAIT_MS",
+    "WARMPLANE_INGEST__BUCKET_SECONDS": "WARMPLANE_STATISTICS__BUCKET_SECONDS",
+    "WARMPLANE_API__BUCKET_SECONDS": "WARMPLANE_STATISTICS__BUCKET_SECONDS",
 }
 """Old name → new name. The API's three differed by a letter and meant three things (the gateway's tenant
-keys, the API's callers, the CLI's own token); the planner's fetch wait is now every consumer's. An old name
-set is refused, never silently ignored."""
+keys, the API's callers, the CLI's own token); the planner's fetch wait is now every consumer's; the bucket
+width, which the planner and the API had to keep equal by hand, is one variable both read. An old name set
+is refused, never silently ignored."""
 
 
 class SettingsError(SystemExit):

@@ -33,6 +33,8 @@ class ApiDeps:
     events: EventSink
     tokens: TokenBook
     options: ApiOptions
+    bucket_seconds: int
+    """The statistics' bucket width (`WARMPLANE_STATISTICS__BUCKET_SECONDS`)."""
     metrics: ApiMetrics
     clock: Callable[[], float]
     """Unix seconds now."""
@@ -44,7 +46,7 @@ class ApiDeps:
         of `step_s` (one step if None)."""
         options = self.options
         seconds = window_s or options.default_window_s
-        return figures.window(self.clock(), seconds, step_s, options.bucket_seconds)
+        return figures.window(self.clock(), seconds, step_s, self.bucket_seconds)
 
 
 def api_deps(request: Request) -> ApiDeps:

@@ -55,6 +55,7 @@ async def api_deps(settings: ApiSettings, metrics: ApiMetrics | None = None) -> 
             events=publisher,
             tokens=TokenBook(settings.api_callers),
             options=settings.api,
+            bucket_seconds=settings.statistics.bucket_seconds,
             metrics=metrics or ApiMetrics(),
             clock=time.time,
             warm_sets=AnswerCache(settings.api.warm_sets_cache_s, WARM_SETS_KEPT, time.monotonic),

@@ -19,7 +19,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
 from warmplane.shared.rate_limit import RateLimitSettings
-from warmplane.shared.settings import MIN_KEY_CHARS, DatabaseSettings
+from warmplane.shared.settings import MIN_KEY_CHARS, DatabaseSettings, StatisticsSettings
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]+$")]
 Role = Literal["admin", "reader", "tenant"]
@@ -70,12 +70,11 @@ class ApiOptions(BaseModel):
     """The time window a figure covers when the request names none."""
     health_refresh_s: Annotated[float, Field(gt=0)] = 15.0
     """How often the health gauges (hit rate, cold starts per tenant and model) are read from Postgres."""
-    bucket_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
-    """The planner's statistics bucket width (`WARMPLANE_INGEST__BUCKET_SECONDS`): they must agree."""
 
 
 class ApiSettings(DatabaseSettings):
     api: ApiOptions = ApiOptions()
+    statistics: StatisticsSettings = StatisticsSettings()
     api_callers: list[ApiCaller] = Field(default_factory=list)
     """JSON list of `{"name", "token", "role"[, "tenant"]}`; roles `admin` (all, and actions), `reader` (every
     tenant, no payloads), `tenant` (that tenant only); tokens are secrets, at least 16 characters."""

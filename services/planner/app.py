@@ -188,7 +188,7 @@ async def _resources(
             server, _thread = start_http_server(settings.metrics_port, registry=metrics.registry)
             stack.callback(server.shutdown)
         ingest = settings.ingest
-        store = PgIngestStore(pool, ingest.group_id, ingest.bucket_seconds)
+        store = PgIngestStore(pool, ingest.group_id, settings.statistics.bucket_seconds)
         codec = EventCodec(kafka.max_event_bytes)
         signer = EventSigner(settings.event_keys)
         signer.say_if_off("planner")
@@ -199,7 +199,7 @@ async def _resources(
             store=PgPlanStore(pool),
             publisher=publisher,
             settings=settings.plans,
-            bucket_seconds=ingest.bucket_seconds,
+            bucket_seconds=settings.statistics.bucket_seconds,
             metrics=metrics,
             ring=settings.routing,
             max_plan_bytes=kafka.max_event_bytes,
@@ -212,7 +212,7 @@ async def _resources(
             store=PgFleetStore(pool),
             publisher=publisher,
             cold_start=settings.cold_start,
-            bucket_seconds=ingest.bucket_seconds,
+            bucket_seconds=settings.statistics.bucket_seconds,
             metrics=metrics,
             liveness=liveness,
         )
@@ -317,7 +317,9 @@ async def _sweep_forever(store: PgIngestStore, pool: asyncpg.Pool, settings: Pla
                 catalog_before=now - timedelta(hours=ingest.catalog_retention_hours),
             )
             stats_before = now - timedelta(hours=ingest.stats_retention_hours)
-            stats = await sweep_statistics(pool, int(stats_before.timestamp()) // ingest.bucket_seconds)
+            stats = await sweep_statistics(
+                pool, int(stats_before.timestamp()) // settings.statistics.bucket_seconds
+            )
             paths = await sweep_paths(pool, stats_before)
             history = await sweep_history(pool, now - timedelta(hours=ingest.history_retention_hours))
             log.info(

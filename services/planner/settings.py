@@ -7,7 +7,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, Field, model_validator
 
 from warmplane.services.planner.policy import PolicyKnobs
-from warmplane.shared.settings import DatabaseSettings, HeartbeatSettings, RingSettings
+from warmplane.shared.settings import DatabaseSettings, HeartbeatSettings, RingSettings, StatisticsSettings
 
 _KNOBS = PolicyKnobs()
 """The policy's defaults, which the trace evaluator measures too."""
@@ -30,8 +30,6 @@ class IngestSettings(BaseModel):
     """How long a batch waits to fill before it is folded with what it holds."""
     max_partition_fetch_bytes: Positive = 4 * 1024 * 1024
     """Most bytes one fetch brings from one partition."""
-    bucket_seconds: Annotated[int, Field(ge=1, le=86_400)] = 60
-    """Width of a statistics time bucket."""
     ledger_retention_hours: Hours = 24.0
     """How long consumed event ids are kept to refuse a duplicate that comes late."""
     dedup_window_per_partition: Annotated[int, Field(ge=1_000)] = 20_000
@@ -173,6 +171,7 @@ class PlannerSettings(DatabaseSettings):
     ingest: IngestSettings = IngestSettings()
     plans: PlanSettings = PlanSettings()
     routing: PlanRingSettings = PlanRingSettings()
+    statistics: StatisticsSettings = StatisticsSettings()
     cold_start: ColdStartSettings = ColdStartSettings()
     heartbeat: HeartbeatSettings = HeartbeatSettings()
     metrics_port: Annotated[int, Field(ge=0, le=65_535)] = 9464

@@ -30,8 +30,14 @@ def api_settings(planner: PlannerSettings) -> ApiSettings:
         ApiCaller(name="acme-oncall", token=SecretStr(ACME), role="tenant", tenant="acme"),
         ApiCaller(name="globex-oncall", token=SecretStr(GLOBEX), role="tenant", tenant="globex"),
     ]
-    options = ApiOptions(http_host="127.0.0.1", http_port=0, bucket_seconds=planner.ingest.bucket_seconds)
-    return ApiSettings(kafka=planner.kafka, postgres=planner.postgres, api=options, api_callers=tokens)
+    options = ApiOptions(http_host="127.0.0.1", http_port=0)
+    return ApiSettings(
+        kafka=planner.kafka,
+        postgres=planner.postgres,
+        api=options,
+        statistics=planner.statistics,
+        api_callers=tokens,
+    )
 
 
 @dataclass

@@ -39,14 +39,14 @@ def test_defaults_load_without_any_variable() -> None:
     settings = load_settings(PlannerSettings)
     assert settings == PlannerSettings()
     assert settings.kafka.bootstrap_servers == "127.0.0.1:9092"
-    assert settings.ingest.bucket_seconds == 60
+    assert settings.statistics.bucket_seconds == 60
 
 
 def test_nested_variables_use_the_prefix_and_double_underscores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WARMPLANE_KAFKA__BOOTSTRAP_SERVERS", "kafka-0:9092,kafka-1:9092")
     monkeypatch.setenv("WARMPLANE_KAFKA__PARTITIONS", "12")
     monkeypatch.setenv("WARMPLANE_POSTGRES__URL", f"postgresql://app:{PASSWORD}@db:5432/warmplane")
-    monkeypatch.setenv("WARMPLANE_INGEST__BUCKET_SECONDS", "300")
+    monkeypatch.setenv("WARMPLANE_STATISTICS__BUCKET_SECONDS", "300")
     monkeypatch.setenv("WARMPLANE_INGEST__GROUP_ID", "planner-eu")
     monkeypatch.setenv("WARMPLANE_PLANS__BUDGET_TOKENS", "50000")
     monkeypatch.setenv("WARMPLANE_PLANS__WINDOW_HOURS", "6")
@@ -60,7 +60,7 @@ def test_nested_variables_use_the_prefix_and_double_underscores(monkeypatch: pyt
     assert settings.kafka.partitions == 12
     assert settings.postgres.asyncpg_dsn() == f"postgresql://app:{PASSWORD}@db:5432/warmplane"
     assert settings.postgres.sqlalchemy_url() == f"postgresql+asyncpg://app:{PASSWORD}@db:5432/warmplane"
-    assert (settings.ingest.bucket_seconds, settings.ingest.group_id) == (300, "planner-eu")
+    assert (settings.statistics.bucket_seconds, settings.ingest.group_id) == (300, "planner-eu")
     assert (settings.plans.budget_tokens, settings.plans.window_hours, settings.plans.max_items) == (
         50_000,
         6.0,
@@ -76,9 +76,9 @@ def test_nested_variables_use_the_prefix_and_double_underscores(monkeypatch: pyt
         ("WARMPLANE_KAFKA__BOOTSTRAP_SERVERS", "kafka-0:9092,kafka-1"),
         ("WARMPLANE_KAFKA__PARTITIONS", "0"),
         ("WARMPLANE_KAFKA__TOPIC_PREFIX", "has space"),
-        ("WARMPLANE_INGEST__BUCKET_SECONDS", "0"),
-        ("WARMPLANE_INGEST__BUCKET_SECONDS", "86401"),
-        ("WARMPLANE_INGEST__BUCKET_SECONDS", "a minute"),
+        ("WARMPLANE_STATISTICS__BUCKET_SECONDS", "0"),
+        ("WARMPLANE_STATISTICS__BUCKET_SECONDS", "86401"),
+        ("WARMPLANE_STATISTICS__BUCKET_SECONDS", "a minute"),
         ("WARMPLANE_INGEST__NODE_CACHE_SIZE", "1"),
         ("WARMPLANE_PLANS__BUDGET_TOKENS", "0"),
         ("WARMPLANE_PLANS__BUDGET_TOKENS", "4294967296"),
@@ -99,14 +99,14 @@ def test_a_bad_value_fails_fast_naming_its_variable(
 
 def test_every_bad_variable_is_named_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WARMPLANE_KAFKA__BOOTSTRAP_SERVERS", "nope")
-    monkeypatch.setenv("WARMPLANE_INGEST__BUCKET_SECONDS", "0")
+    monkeypatch.setenv("WARMPLANE_STATISTICS__BUCKET_SECONDS", "0")
     with pytest.raises(SettingsError) as raised:
         load_settings(PlannerSettings)
     lines = str(raised.value).splitlines()
     assert lines[0] == "invalid settings:"
     assert [line.split(":")[0].strip() for line in lines[1:]] == [
         "WARMPLANE_KAFKA__BOOTSTRAP_SERVERS",
-        "WARMPLANE_INGEST__BUCKET_SECONDS",
+        "WARMPLANE_STATISTICS__BUCKET_SECONDS",
     ]
 
 
