@@ -14,6 +14,7 @@ import asyncpg
 import msgspec
 
 from warmplane.services.api.figures import Window
+from warmplane.shared.events import LIVE_REPLICA_STATES
 
 REPLICAS = """
 SELECT r.replica_id, r.node, r.model, r.model_revision, r.endpoint, r.state, r.state_since,
@@ -108,7 +109,7 @@ SELECT w.replica_id, w.plan_id, w.state, w.issued_at, i.item->>'tenant' AS tenan
 FROM replicas r
 JOIN warm_plans w ON w.replica_id = r.replica_id AND w.issued_at >= r.state_since - interval '1 hour'
 CROSS JOIN LATERAL jsonb_array_elements(w.items) AS i(item)
-WHERE r.state IN ('starting', 'loading', 'warming', 'ready') AND r.model = $1
+WHERE r.state = ANY($3::text[]) AND r.model = $1
   AND ($2::text IS NULL OR i.item->>'tenant' = $2)
 """
 NODES = """
@@ -213,7 +214,7 @@ class PgReadModel:
         )
 
     async def warm_items(self, model: str, tenant: str | None) -> list[asyncpg.Record]:
-        return list(await self._pool.fetch(WARM_ITEMS, model, tenant))
+        return list(await self._pool.fetch(WARM_ITEMS, model, tenant, sorted(LIVE_REPLICA_STATES)))
 
     async def chain_parents(self, model: str, tenant: str, prompt_rev: str) -> dict[int, int | None]:
         rows = await self._pool.fetch(NODES, model, tenant, prompt_rev)

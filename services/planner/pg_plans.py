@@ -16,7 +16,7 @@ from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelS
 from warmplane.services.planner.plans import Unplanned
 from warmplane.services.planner.policy import StoredPrefix
 from warmplane.services.planner.policy.replica_plan import NodeKey
-from warmplane.shared.events import ModelRef, PrefixPayload, WarmFinished, WarmPlanIssued
+from warmplane.shared.events import LIVE_REPLICA_STATES, ModelRef, PrefixPayload, WarmFinished, WarmPlanIssued
 
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
@@ -38,7 +38,7 @@ SCOPE_NAMES = "SELECT scope_id, tenant, prompt_rev FROM scopes WHERE scope_id = 
 CURRENT_EPOCHS = "SELECT tenant, epoch FROM epochs WHERE model = $1"
 LIVE_REPLICAS = """
 SELECT replica_id, node, model_revision, state, kv_capacity_tokens FROM replicas
-WHERE model = $1 AND state IN ('starting', 'loading', 'warming', 'ready') ORDER BY replica_id
+WHERE model = $1 AND state = ANY($2::text[]) ORDER BY replica_id
 """
 # What a replica holds (`PgPlanStore.held`): the items of its verified plans from the one answering its
 # latest start on (one clock, the planner's, orders them; a partial plan's held items are not known by name:
@@ -161,7 +161,7 @@ class PgPlanStore:
 
     async def live_replicas(self, model: str) -> list[LiveReplica]:
         """Every replica of `model` that is starting, loading, warming or ready, by name."""
-        rows = await self._pool.fetch(LIVE_REPLICAS, model)
+        rows = await self._pool.fetch(LIVE_REPLICAS, model, sorted(LIVE_REPLICA_STATES))
         return [LiveReplica(*row) for row in rows]
 
     async def held(self, replica: str) -> list[HeldItem]:

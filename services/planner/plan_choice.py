@@ -49,7 +49,6 @@ from warmplane.services.planner.settings import PlanRingSettings, PlanSettings
 from warmplane.shared.events import LIVE_REPLICA_STATES, PrefixPayload, WarmItem
 
 log = logging.getLogger(__name__)
-LIVE_STATES = LIVE_REPLICA_STATES
 """The states of a replica that is or will be serving (`replicas.state`): the ring's members."""
 _ENVELOPE_BYTES = 4_096
 """Room a plan's fields other than its items take, with margin (names are at most 128 characters)."""
@@ -218,7 +217,7 @@ class WarmSetChooser:
         epochs = await self._store.current_epochs(model)
         if tenant is not None:
             epochs[tenant] = max(epochs.get(tenant, 0), epoch)
-        live = [r for r in await self._store.live_replicas(model) if r.state in LIVE_STATES]
+        live = [r for r in await self._store.live_replicas(model) if r.state in LIVE_REPLICA_STATES]
         return _ModelView(known, epochs, live)
 
     async def _statistics(

@@ -29,11 +29,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from warmplane.services.planner.metrics import PlannerMetrics
-from warmplane.services.planner.plan_choice import LIVE_STATES, Choice, ChoiceStore, WarmSetChooser
+from warmplane.services.planner.plan_choice import Choice, ChoiceStore, WarmSetChooser
 from warmplane.services.planner.settings import PlanRingSettings, PlanSettings
 from warmplane.shared.codec import DEFAULT_MAX_EVENT_BYTES
 from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.events import EpochBumped, ModelRef, ReplicaStarted, WarmFinished, WarmPlanIssued
+from warmplane.shared.events import (
+    LIVE_REPLICA_STATES,
+    EpochBumped,
+    ModelRef,
+    ReplicaStarted,
+    WarmFinished,
+    WarmPlanIssued,
+)
 from warmplane.shared.plan_states import plan_state
 
 log = logging.getLogger(__name__)
@@ -118,7 +125,7 @@ class PlanIssuer:
         *,
         tenant: str | None = None,
         epoch: int = 0,
-        states: Collection[str] = LIVE_STATES,
+        states: Collection[str] = LIVE_REPLICA_STATES,
     ) -> list[WarmPlanIssued]:
         """Plan every replica of `model` in one of `states` for `trigger` (of `tenant`'s prefixes only, at
         least at `epoch` for it, if given); the plans recorded. Raises what the store raises listing
@@ -144,7 +151,7 @@ class PlanIssuer:
                     0,
                 )
                 for r in live
-                if r.state in LIVE_STATES
+                if r.state in LIVE_REPLICA_STATES
             ]
         )
 
