@@ -248,7 +248,7 @@ class Warmer:
                     await self._handle(record, dead_letters)
             if batches:
                 try:
-                    await consumer.commit()
+                    await asyncio.wait_for(consumer.commit(), self.settings.kafka.commit_timeout_s)
                 except Exception:  # redelivered plans are recognised by id; the next commit covers these
                     log.warning("could not commit plan offsets; they will be read again", exc_info=True)
 

@@ -9,11 +9,16 @@ Contracts:
   that start then fails with ``StartupError`` once the process has exited, and leaves nothing running.
 - The TCP port is chosen on the first ``start()`` and kept, so a restart after ``kill()`` (fault tests)
   comes back at the same address and clients' connection strings stay valid.
+- ``freeze()`` stops the whole process group in place (SIGSTOP) and ``thaw()`` resumes it (SIGCONT): a
+  server that hangs and recovers with its state, for fault tests. ``stop()`` thaws a frozen server first,
+  so its clean shutdown runs.
 - No ``atexit`` hooks: the owner stops the part, typically with ``with Part(workdir) as part:``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import threading
@@ -25,10 +30,12 @@ from types import TracebackType
 from typing import ClassVar, Self
 
 from warmplane.shared.embedded.processes import (
+    PROC,
     StartupError,
     free_port,
     kill_process_group,
     stop_process_group,
+    wait_until,
 )
 
 
@@ -63,6 +70,7 @@ class EmbeddedPart(ABC):
         # Guards `_proc` and `_stop_requested` between a starting thread and a stopping one.
         self._lock = threading.Lock()
         self._stop_requested = False
+        self._frozen = False
         #: Wall-clock seconds the last successful ``start()`` took, for start-up budgets.
         self.last_start_s: float | None = None
 
@@ -111,9 +119,44 @@ class EmbeddedPart(ABC):
             raise
         self.last_start_s = time.monotonic() - began
 
+    def freeze(self, timeout_s: float = 5.0) -> None:
+        """SIGSTOP the server's whole process group; return once every thread of it has stopped.
+
+        A frozen server keeps its memory, data and sockets, but reads and answers nothing (the kernel still
+        completes TCP handshakes into its listen backlog): its clients' requests time out and their group
+        sessions expire, as with a host that hangs, until ``thaw()`` resumes it where it stopped. Raises
+        ``RuntimeError`` if the server is not running, ``StartupError`` if some member is not seen stopped
+        within ``timeout_s`` (seen in ``/proc``; without it, this returns once the signal is sent).
+        """
+        with self._lock:
+            proc = self._proc
+        if proc is None or proc.poll() is not None:
+            raise RuntimeError(f"{self.name}: not running, nothing to freeze")
+        self._frozen = True
+        os.killpg(proc.pid, signal.SIGSTOP)
+        wait_until(
+            lambda: _group_stopped(proc.pid),
+            timeout_s=timeout_s,
+            what=f"{self.name}'s process group {proc.pid} to stop",
+            log_path=self.log_path,
+        )
+
+    def thaw(self) -> None:
+        """SIGCONT the server's process group after ``freeze()``; it resumes at once. Idempotent: a no-op
+        when it is not frozen or no longer runs."""
+        with self._lock:
+            proc = self._proc
+        if self._frozen and proc is not None:
+            _continue(proc)
+        self._frozen = False
+
     def stop(self) -> None:
-        """Shut the server down cleanly, SIGKILLing its group after ``stop_timeout_s``. Idempotent."""
+        """Shut the server down cleanly (thawed first if frozen), SIGKILLing its group after
+        ``stop_timeout_s``. Idempotent."""
         proc = self._take_process()
+        if proc is not None and self._frozen:
+            _continue(proc)  # a stopped process would hold its SIGTERM until the SIGKILL
+        self._frozen = False
         if proc is not None:
             stop_process_group(
                 proc, self.stop_timeout_s, sig=self.stop_signal, whole_group=self.stop_whole_group
@@ -122,6 +165,7 @@ class EmbeddedPart(ABC):
     def kill(self) -> None:
         """SIGKILL the server's whole process group, simulating a crash. Idempotent."""
         proc = self._take_process()
+        self._frozen = False  # SIGKILL ends stopped processes too
         if proc is not None:
             kill_process_group(proc)
 
@@ -154,3 +198,33 @@ class EmbeddedPart(ABC):
 
     def _remaining(self, deadline: float) -> float:
         return max(0.0, deadline - time.monotonic())
+
+
+def _continue(proc: subprocess.Popen[bytes]) -> None:
+    """SIGCONT the group `proc` leads, if it still exists."""
+    with contextlib.suppress(ProcessLookupError):  # the group is gone: nothing to resume
+        os.killpg(proc.pid, signal.SIGCONT)
+
+
+def _group_stopped(pgid: int, proc: Path = PROC) -> bool:
+    """Whether every thread of every live (non-zombie) process of group ``pgid`` is stopped (state ``T``
+    in ``/proc/<pid>/task/<tid>/stat``). True without ``/proc``, where it cannot be seen."""
+    if not proc.is_dir():
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        fields = _stat_fields(stat)  # after "pid (comm)": state ppid pgrp ...
+        if len(fields) < 3 or fields[2] != str(pgid) or fields[0] == "Z":
+            continue
+        for task in (stat.parent / "task").glob("[0-9]*/stat"):
+            state = _stat_fields(task)[:1]
+            if state and state[0] != "T":
+                return False
+    return True
+
+
+def _stat_fields(stat: Path) -> list[str]:
+    """The fields of a ``/proc`` stat file after the command name; empty if it is gone or unreadable."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
