@@ -8,6 +8,7 @@ import asyncio
 import random
 import time
 from collections import Counter
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +26,12 @@ PRODUCER = "soak-load"
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 _TICK_S = 0.1
 _HTTP = httpx.Timeout(60.0, connect=5.0)
+_KEEPALIVE = httpx.Limits(keepalive_expiry=1.0)
+"""Shorter than the servers' keep-alive (uvicorn's 5 s): a connection the server is closing as it idles out
+is not reused. At the status page's 5 s period, a client keeping connections as long as the server did had a
+request cut off now and then (`Server disconnected without sending a response`)."""
+NO_ANSWER = 0
+"""The status tallied for a request that got no HTTP answer (a transport error)."""
 
 
 def _words(rng: random.Random, count: int) -> str:
@@ -79,7 +86,7 @@ class Load:
         self._paid: set[int] = set()
 
     async def run(self, until: float) -> None:
-        async with httpx.AsyncClient(timeout=_HTTP) as http:
+        async with httpx.AsyncClient(timeout=_HTTP, limits=_KEEPALIVE) as http:
             await asyncio.gather(
                 self._events(until),
                 self._chats(http, until),
@@ -136,10 +143,8 @@ class Load:
     async def _one_chat(self, http: httpx.AsyncClient) -> None:
         key, body = self.chat()
         headers = {"Authorization": f"Bearer {key}"}
-        response = await http.post(
-            f"{self.fleet.gateway_url}/v1/chat/completions", json=body, headers=headers
-        )
-        self.tally.chats[response.status_code] += 1
+        url = f"{self.fleet.gateway_url}/v1/chat/completions"
+        self.tally.chats[await _status(http.post(url, json=body, headers=headers))] += 1
 
     async def _reads(self, http: httpx.AsyncClient, until: float) -> None:
         async def status_page() -> None:
@@ -148,24 +153,32 @@ class Load:
                 ("/v1/warm-sets", {"model": self.fleet.model}),
                 ("/v1/misses/top", {"model": self.fleet.model}),
             ):
-                response = await http.get(self.fleet.api_url + path, params=params, headers=self._admin())
-                self.tally.reads[response.status_code] += 1
+                answer = http.get(self.fleet.api_url + path, params=params, headers=self._admin())
+                self.tally.reads[await _status(answer)] += 1
 
         await _every(self.read_every_s, until, status_page)
 
     async def _bumps(self, http: httpx.AsyncClient, until: float) -> None:
         async def bump() -> None:
             tenant = TENANTS[sum(self.tally.bumps.values()) % len(TENANTS)]
-            response = await http.post(
+            answer = http.post(
                 f"{self.fleet.api_url}/v1/epochs/bump", params={"tenant": tenant, "model": self.fleet.model},
                 json={"reason": "soak"}, headers=self._admin(),
             )  # fmt: skip
-            self.tally.bumps[response.status_code] += 1
+            self.tally.bumps[await _status(answer)] += 1
 
         await _every(self.bump_every_s, until, bump, first_after_s=self.bump_every_s)
 
     def _admin(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.fleet.credentials.admin_token}"}
+
+
+async def _status(request: Awaitable[httpx.Response]) -> int:
+    """The answer's status code, or `NO_ANSWER` when the request got none: tallied, so a run reports it."""
+    try:
+        return (await request).status_code
+    except httpx.TransportError:
+        return NO_ANSWER
 
 
 async def _every(period_s: float, until: float, action: Any, *, first_after_s: float = 0.0) -> None:
