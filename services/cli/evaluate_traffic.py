@@ -18,13 +18,13 @@ from typing import Final, TextIO
 
 import msgspec
 
-from warmplane.services.cli.own_trace import PartialBlocks, TrafficFilter, select, to_trace
 from warmplane.services.cli.request_topic import read_requests
-from warmplane.services.cli.traffic_figures import traffic_figures
 from warmplane.services.cli.traffic_report import TrafficReport, render
 from warmplane.services.planner.trace_eval.evaluation import evaluate
 from warmplane.services.planner.trace_eval.fleet_sim import requests_from_trace
+from warmplane.services.planner.trace_eval.own_trace import PartialBlocks, TrafficFilter, select, to_trace
 from warmplane.services.planner.trace_eval.params import EvalParams
+from warmplane.services.planner.trace_eval.traffic_figures import traffic_figures
 from warmplane.shared.mooncake_trace import TraceRequest
 from warmplane.shared.settings import KafkaSettings
 from warmplane.shared.topics import Topics

@@ -155,7 +155,7 @@ def _evaluate_traffic(args: argparse.Namespace, argv: list[str]) -> int:
     from datetime import UTC, datetime  # noqa: PLC0415
 
     from warmplane.services.cli import evaluate_traffic as et  # noqa: PLC0415
-    from warmplane.services.cli.own_trace import TrafficFilter  # noqa: PLC0415
+    from warmplane.services.planner.trace_eval.own_trace import TrafficFilter  # noqa: PLC0415
     from warmplane.services.planner.trace_eval.params import EvalParams  # noqa: PLC0415
 
     now = datetime.now(UTC)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from warmplane.services.cli.own_trace import OwnTrace, PartialBlocks, TrafficFilter
 from warmplane.services.cli.request_topic import RequestLog
-from warmplane.services.cli.traffic_figures import ShareRow, TrafficFigures, TtftGroup
 from warmplane.services.planner.trace_eval.evaluation import TraceResult
+from warmplane.services.planner.trace_eval.own_trace import OwnTrace, PartialBlocks, TrafficFilter
 from warmplane.services.planner.trace_eval.params import EvalParams
 from warmplane.services.planner.trace_eval.report import decision_line, policy_table, setting
+from warmplane.services.planner.trace_eval.traffic_figures import ShareRow, TrafficFigures, TtftGroup
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmplane.services.cli.traffic_figures import (
+from warmplane.services.planner.trace_eval.traffic_figures import (
     ShareRow,
     cold_start_penalty,
     exact_repeats,

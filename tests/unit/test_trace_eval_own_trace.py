@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from warmplane.services.cli.own_trace import (
+from warmplane.services.devstack.job import DEFAULT_TRACE
+from warmplane.services.planner.trace_eval.fleet_sim import requests_from_trace
+from warmplane.services.planner.trace_eval.own_trace import (
     PartialBlocks,
     TrafficFilter,
     canonical_tokens,
@@ -21,8 +23,6 @@ from warmplane.services.cli.own_trace import (
     select,
     to_trace,
 )
-from warmplane.services.devstack.job import DEFAULT_TRACE
-from warmplane.services.planner.trace_eval.fleet_sim import requests_from_trace
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import ModelRef, RequestObserved
 from warmplane.shared.mooncake_trace import TraceRequest, read_trace, request_event
