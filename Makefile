@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: up test lint unit integration bench clean vllm browser promtool
+.PHONY: up test lint unit integration e2e bench clean vllm browser promtool
 
 $(BIN)/warmplane: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ unit: $(BIN)/warmplane promtool
 
 integration: $(BIN)/warmplane vllm browser
 	$(BIN)/pytest -q tests/integration
+
+# The whole loop and the product (`warmplane up`) run as a user runs them: minutes each.
+e2e: $(BIN)/warmplane vllm browser
+	$(BIN)/pytest -q tests/e2e
 
 # Every kept benchmark into bench/RESULTS.md (about two and a half hours on 2 cores); `make bench ONLY=epoch,gateway`
 # runs some again and replaces only their sections.

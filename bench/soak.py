@@ -11,7 +11,7 @@ Every few seconds each service's own process series are read from its `/metrics`
 What it reports, per service, against the same service at the end of the warm-up (the baseline of the same
 run): resident memory, open descriptors and event-loop tasks at their highest after the warm-up. And the
 ground truth of losses: every request event on the topic (the broker keeps them all) is counted once in
-PostgreSQL, and none was dropped on the way. `tests/integration/test_soak.py` runs a minute of it in CI and
+PostgreSQL, and none was dropped on the way. `tests/e2e/test_soak.py` runs a minute of it in CI and
 asserts the bounds.
 """
 

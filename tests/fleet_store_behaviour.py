@@ -1,7 +1,7 @@
 """One behaviour suite for the planner's fleet store (`fleet_reactions.FleetStore`), run against the memory
-twin (`tests/unit/test_fleet_store_memory.py`) and the Postgres adapter
-(`tests/integration/test_fleet_store_pg.py`): what fleet reactions rely on, stated once, so the twin the
-unit tests use cannot drift from the store production uses."""
+twin (`tests/unit/planner/test_fleet_store_memory.py`) and the Postgres adapter
+(`tests/integration/planner/test_fleet_store_pg.py`): what fleet reactions rely on, stated once, so the twin
+the unit tests use cannot drift from the store production uses."""
 
 from __future__ import annotations
 

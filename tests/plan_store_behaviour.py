@@ -1,6 +1,7 @@
 """One behaviour suite for what issuing plans needs of the planner's store (`plans.PlanStore`: recording a
 plan per trigger and replica, and the outbox of plans the broker has not acknowledged), run against the
-memory twin (`tests/unit/test_plan_store_memory.py`) and Postgres (`tests/integration/test_plan_store_pg.py`).
+memory twin (`tests/unit/planner/test_plan_store_memory.py`) and Postgres
+(`tests/integration/planner/test_plan_store_pg.py`).
 Reads that only ingestion fills (statistics, outcomes, unplanned starts) are the adapter's own tests'."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 # the package is downloaded and unpacked, and only promtool is kept.
 #
 # Contract:
-# - Destination: <project>/.warmplane/tools/promtool (where tests/unit/test_alert_rules.py looks).
+# - Destination: <project>/.warmplane/tools/promtool (where tests/unit/deploy/test_alert_rules.py looks).
 # - Idempotent: an existing promtool that runs is kept, nothing is downloaded.
 # - Needs apt (Debian or Ubuntu). Package lists are refreshed only when the download fails without them
 #   (a fresh CI image has none); that step needs root, as CI runs.
