@@ -65,6 +65,8 @@ class Reading:
 
 @dataclass
 class Service:
+    """A service's process, where its metrics are served, its log, and what was read of it."""
+
     name: str
     popen: subprocess.Popen[bytes]
     metrics_url: str
@@ -92,6 +94,9 @@ class Service:
 
 @dataclass(frozen=True, slots=True)
 class Credentials:
+    """Fresh per soak: the API's admin token, the key control events are signed with, and each tenant's
+    gateway key and cache-salt secret."""
+
     admin_token: str = field(default_factory=lambda: f"soak-admin-{secrets.token_urlsafe(16)}")
     event_key: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     keys: dict[str, str] = field(
@@ -101,7 +106,8 @@ class Credentials:
 
 
 class SoakFleet:
-    """The four services, started by `running()` and stopped (SIGTERM, exit code checked) when it ends."""
+    """The four services, started by `running()` and stopped by SIGTERM when it ends (or earlier by
+    `stop`), each one's exit code kept in `exit_codes`."""
 
     def __init__(self, parts: Parts, workdir: Path) -> None:
         self.parts = parts
@@ -156,8 +162,12 @@ class SoakFleet:
             self.exit_codes[name] = popen.wait()
 
     def failed(self) -> dict[str, str]:
-        """The services that exited on their own, with their log's tail."""
-        return {s.name: log_tail(s.log_path) for s in self.services.values() if s.popen.poll() is not None}
+        """The services that exited on their own (not by `stop`), with their log's tail."""
+        return {
+            s.name: log_tail(s.log_path)
+            for s in self.services.values()
+            if s.name not in self.exit_codes and s.popen.poll() is not None
+        }
 
     def _settings(self) -> Iterator[tuple[str, BaseSettings, int]]:
         parts, kafka, cred = self.parts, self.kafka, self.credentials

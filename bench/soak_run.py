@@ -78,12 +78,12 @@ class SoakResult:
 async def run_soak(parts: Parts, workdir: Path, shape: SoakShape) -> SoakResult:
     """Start the fleet, carry the load for `shape.duration_s`, drain, and gather what the result holds."""
     fleet = SoakFleet(parts, workdir)
+    load = Load(fleet, event_rate=shape.event_rate, chat_rate=shape.chat_rate,
+                bump_every_s=shape.bump_every_s, read_every_s=shape.read_every_s)  # fmt: skip
     with fleet.running():
         await _until(
-            lambda: _serving(fleet), _START_TIMEOUT_S, "every service up and the replica ready", fleet
+            lambda: _serving(fleet, load), _START_TIMEOUT_S, "every service up and the replica ready", fleet
         )
-        load = Load(fleet, event_rate=shape.event_rate, chat_rate=shape.chat_rate,
-                    bump_every_s=shape.bump_every_s, read_every_s=shape.read_every_s)  # fmt: skip
         await load.emitter.start()
         began = time.monotonic()
         sampler = asyncio.create_task(_sample_forever(fleet, began, shape.sample_every_s))
@@ -118,7 +118,7 @@ async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: s
         await asyncio.sleep(0.2)
 
 
-async def _serving(fleet: SoakFleet) -> bool:
+async def _serving(fleet: SoakFleet, load: Load) -> bool:
     """Every service's metrics answer, the warmer's replica is ready, and the gateway routes to it."""
     async with httpx.AsyncClient(timeout=10.0) as http:
         try:
@@ -126,7 +126,7 @@ async def _serving(fleet: SoakFleet) -> bool:
                 (await http.get(service.metrics_url)).raise_for_status()
             if (await http.get(f"{fleet.warmer_url}/ready")).status_code != 200:
                 return False
-            key, body = Load(fleet, event_rate=0, chat_rate=1, bump_every_s=1, read_every_s=1).chat()
+            key, body = load.chat()
             answer = await http.post(
                 f"{fleet.gateway_url}/v1/chat/completions",
                 json=body,
