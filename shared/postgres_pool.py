@@ -17,14 +17,19 @@ async def open_pool(
     `connect_timeout_s`, every statement bounded by `statement_timeout_ms` (by the client and the server),
     and what a connection whose peer vanished holds released after about `peer_timeout_s` (session
     settings, set on each new connection rather than in the startup packet, which poolers such as PgBouncer
-    refuse); `init` runs on each new connection after them. Raises what asyncpg raises when Postgres
-    cannot be reached."""
+    refuse, and again after each release's reset); `init` runs on each new connection after them. Raises
+    what asyncpg raises when Postgres cannot be reached."""
     session = "; ".join(f"SET {name} = {value}" for name, value in postgres.session_settings().items())
 
     async def prepare(connection: asyncpg.Connection) -> None:
         await connection.execute(session)
         if init is not None:
             await init(connection)
+
+    async def reset(connection: asyncpg.Connection) -> None:
+        # asyncpg's own reset on release ends in RESET ALL, which took every session setting back to the
+        # server's defaults after a connection's first use: a cut-off planner then held its locks for hours.
+        await connection.execute(f"{connection.get_reset_query()}\n{session}")
 
     pool: asyncpg.Pool = await asyncpg.create_pool(
         postgres.asyncpg_dsn(),
@@ -33,5 +38,6 @@ async def open_pool(
         timeout=postgres.connect_timeout_s,
         command_timeout=postgres.statement_timeout_ms / 1000,
         init=prepare,
+        reset=reset,
     )
     return pool
