@@ -63,6 +63,9 @@ def roots(rng: random.Random, per_tenant: int = 8, conversations: int = 40) -> l
 
 @dataclass
 class Tally:
+    """What the load did: request events emitted, and each kind of HTTP call by status (`NO_ANSWER` for
+    none)."""
+
     emitted: int = 0
     chats: Counter[int] = field(default_factory=Counter)
     reads: Counter[int] = field(default_factory=Counter)
@@ -95,8 +98,8 @@ class Load:
             )
 
     def request(self) -> RequestObserved:
-        """One request over a root, one of its conversations and up to four turns; the root's first carries
-        its system prompt as the payload a warm replays."""
+        """One request over a root, one of its conversations and up to two turns of it (a chain of two to
+        four prefixes); the root's first request carries its system prompt as the payload a warm replays."""
         root = self.rng.choice(self.roots)
         conversation = self.rng.choice(root.conversations)
         chain = [
