@@ -73,15 +73,18 @@ class Service:
     log_path: Path
     readings: list[Reading] = field(default_factory=list)
 
+    async def totals(self, http: httpx.AsyncClient) -> dict[str, float]:
+        """One scrape of its `/metrics`: each sample's value summed over its labels, by sample name."""
+        text = (await http.get(self.metrics_url, timeout=_SCRAPE_TIMEOUT_S)).text
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+        return totals
+
     async def read(self, http: httpx.AsyncClient, at_s: float) -> None:
         """Scrape its `/metrics` once into `readings`."""
-        text = (await http.get(self.metrics_url, timeout=_SCRAPE_TIMEOUT_S)).text
-        values = {
-            sample.name: sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if not sample.labels
-        }
+        values = await self.totals(http)
         self.readings.append(
             Reading(
                 at_s,

@@ -154,12 +154,8 @@ async def _at_rest(fleet: SoakFleet, at_s: float) -> dict[str, Reading]:
 
 async def _gateway_dropped(fleet: SoakFleet) -> int:
     async with httpx.AsyncClient(timeout=10.0) as http:
-        text = (await http.get(fleet.services["gateway"].metrics_url)).text
-    return sum(
-        int(float(line.rsplit(" ", 1)[1]))
-        for line in text.splitlines()
-        if line.startswith("warmplane_gateway_events_dropped_total")
-    )
+        totals = await fleet.services["gateway"].totals(http)
+    return int(totals.get("warmplane_gateway_events_dropped_total", 0))
 
 
 async def _request_events(kafka: KafkaSettings) -> tuple[int, int]:
