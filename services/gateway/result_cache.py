@@ -111,7 +111,7 @@ class ResultCache:
         answer = await self._answers.get(found.key)
         if answer is not None:
             return Hit(answer, "exact", 1.0)
-        vector = self._vector(found)
+        vector = await self._vector(found)
         if self._index is None or vector is None:
             return None
         nearest = await self._index.nearest(self._scope(found), vector)
@@ -120,7 +120,7 @@ class ResultCache:
         answer = await self._answers.get(nearest[0])
         return None if answer is None else Hit(answer, "semantic", nearest[1])
 
-    def _vector(self, found: Lookup) -> list[float] | None:
+    async def _vector(self, found: Lookup) -> list[float] | None:
         """The query's embedding (computed once), or None when the semantic tier does not apply."""
         text = found.query.text
         if (
@@ -129,7 +129,7 @@ class ResultCache:
             and text
             and len(text) <= self._settings.max_query_chars
         ):
-            vector = self._embedder.embed(text)
+            vector = await self._embedder.embed(text)
             found.vector = vector if any(vector) else None
         return found.vector
 
@@ -156,7 +156,7 @@ class ResultCache:
         model = found.namespace.model
         try:
             await self._answers.put(found.key, answer, ttl_s)
-            vector = self._vector(found)
+            vector = await self._vector(found)
             if self._index is not None and vector is not None:
                 await self._index.add(self._scope(found), vector, found.key, ttl_s)
         except _STORE_ERRORS as exc:

@@ -26,8 +26,9 @@ class Embedder(Protocol):
         """Names the vector space: vectors are only ever compared with vectors of the same name."""
         ...
 
-    def embed(self, text: str) -> list[float]:
-        """A unit-length vector for `text` (all zeros for text with nothing to compare)."""
+    async def embed(self, text: str) -> list[float]:
+        """A unit-length vector for `text` (all zeros for text with nothing to compare). A learned model
+        runs off the event loop; raises what its transport raises (the cache counts it and misses)."""
         ...
 
 
@@ -46,7 +47,11 @@ class NgramEmbedder:
     def name(self) -> str:
         return f"ngram3-{self._dimensions}"
 
-    def embed(self, text: str) -> list[float]:
+    async def embed(self, text: str) -> list[float]:
+        return self.vector(text)
+
+    def vector(self, text: str) -> list[float]:
+        """`embed`, synchronously: the trigrams cost microseconds, so they run on the caller's loop."""
         normal = " " + _SPACE.sub(" ", _PUNCTUATION.sub("", text.lower())).strip() + " "
         vector = [0.0] * self._dimensions
         for gram, count in Counter(map("".join, zip(normal, normal[1:], normal[2:], strict=False))).items():

@@ -115,7 +115,7 @@ def test_answer_keys_separate_tenants_models_and_epochs_whatever_their_names_hol
 
 
 def test_the_embedding_ignores_case_punctuation_and_spacing_and_tells_texts_apart() -> None:
-    embed = NgramEmbedder().embed
+    embed = NgramEmbedder().vector
     same = cosine(embed("How do I reset my password?"), embed("how do   I reset my password"))
     assert same == pytest.approx(1.0)
     alike = cosine(embed("What is the capital of France?"), embed("what's the capital of france"))
@@ -127,7 +127,7 @@ def test_the_embedding_ignores_case_punctuation_and_spacing_and_tells_texts_apar
 
 @given(st.text(min_size=1, max_size=200))
 def test_every_embedding_has_unit_length_or_is_empty(text: str) -> None:
-    vector = NgramEmbedder(dimensions=64).embed(text)
+    vector = NgramEmbedder(dimensions=64).vector(text)
     length = sum(value * value for value in vector)
     assert length == pytest.approx(1.0) or length == 0.0
-    assert NgramEmbedder(dimensions=64, memory=1).embed(text) == vector
+    assert NgramEmbedder(dimensions=64, memory=1).vector(text) == vector
