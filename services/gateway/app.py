@@ -40,7 +40,7 @@ from warmplane.services.gateway.result_stores import ResultStores
 from warmplane.services.gateway.router import Router
 from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.gateway.tenants import EpochBook, TenantDirectory
-from warmplane.services.gateway.text_embedding import NgramEmbedder
+from warmplane.services.gateway.text_embedding import Embedder, NgramEmbedder
 from warmplane.services.gateway.upstream import Upstream
 from warmplane.shared.cache_salt import SaltBook
 from warmplane.shared.event_ids import new_event_id
@@ -66,17 +66,20 @@ def bootstrap(
     client: Upstream,
     epochs: EpochBook | None = None,
     stores: ResultStores | None = None,
+    embedder: Embedder | None = None,
     new_id: Callable[[], uuid.UUID] = new_event_id,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> GatewayParts:
     """The gateway over `membership`, forwarding with `client`, emitting into `sink`; with a result
-    cache over `stores` when they are given. No I/O here."""
+    cache over `stores` when they are given, its semantic tier embedding with `embedder` (the service opens
+    the settings' one, `embedders.open_embedder`; without one, the no-model fallback). No I/O here."""
     metrics = GatewayMetrics(CollectorRegistry())
     epochs = epochs if epochs is not None else EpochBook()
     router = Router(membership, settings.routing)
     results = None
     if stores is not None:
-        embedder = NgramEmbedder(settings.result_cache.embedding_dimensions)
+        if embedder is None:
+            embedder = NgramEmbedder(settings.result_cache.embedding_dimensions)
         results = ResultCache(settings.result_cache, stores.answers, stores.index, embedder, metrics)
     options = settings.gateway
     observer = Observer(

@@ -103,6 +103,13 @@ class GatewayMetrics:
             [*tm, "outcome"],
             registry=registry,
         )
+        self.result_embedding_failures = Counter(
+            "warmplane_gateway_result_embedding_failures",
+            "Queries whose embedding failed (error) or took longer than the embedding timeout (timeout):"
+            " the semantic tier was skipped for them",
+            ["model", "reason"],
+            registry=registry,
+        )
         self.result_bypass = Counter(
             "warmplane_gateway_result_bypass",
             "Requests the result cache stayed out of: streaming, sampling, choices, no_store; no_cache"

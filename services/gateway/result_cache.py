@@ -11,8 +11,9 @@ Contracts:
   nearest earlier query of the same context at least `similarity` alike (Postgres, pgvector), whose
   answer must still be in Redis.
 - The cache never fails a request: a lookup that errs or takes longer than `lookup_timeout_s` is a
-  miss (counted as `error`), and answers are kept in the background, at most `max_pending_keeps` at
-  a time, never awaited by the request that produced them.
+  miss (counted as `error`); an embedding that fails or takes longer than `embedding_timeout_s` skips
+  the semantic tier for that request (counted by reason); answers are kept in the background, at most
+  `max_pending_keeps` at a time, never awaited by the request that produced them.
 """
 
 from __future__ import annotations
@@ -129,7 +130,13 @@ class ResultCache:
             and text
             and len(text) <= self._settings.max_query_chars
         ):
-            vector = await self._embedder.embed(text)
+            try:
+                async with asyncio.timeout(self._settings.embedding_timeout_s):
+                    vector = await self._embedder.embed(text)
+            except Exception as exc:  # whatever the model or its worker raises: this query skips the tier
+                reason = "timeout" if isinstance(exc, TimeoutError) else "error"
+                self._metrics.result_embedding_failures.labels(found.namespace.model, reason).inc()
+                return None
             found.vector = vector if any(vector) else None
         return found.vector
 

