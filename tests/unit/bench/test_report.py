@@ -177,6 +177,7 @@ def test_the_registry_holds_every_kept_bench_once_and_each_module_exists() -> No
         "scaleup",
         "broker_poll",
         "soak",
+        "embedding",
     }
     assert set(names) == kept
     for bench in BENCHES:
