@@ -11,6 +11,8 @@ warmplane gateway                         run the OpenAI-compatible gateway from
 warmplane api                             run the query API from WARMPLANE_* settings
 warmplane replay TRACE --tenant T --model M   publish a recorded trace as request events
 warmplane evaluate-traffic --tenant T --model M [--since 2h]   what warming would buy on recorded traffic
+warmplane calibrate-cache [PAIRS] [--target-precision 0.95]   the result cache's semantic threshold, chosen
+                                          on labelled prompt pairs (default: the shipped set)
 
 Over the API (WARMPLANE_API_URL, WARMPLANE_CLI_TOKEN; `--json` for scripts):
 warmplane replicas | replica R | plans | epochs | misses | traffic | warm-sets --model M
@@ -26,6 +28,7 @@ import asyncio
 import importlib
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from warmplane.services.cli import api_commands
@@ -82,11 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--limit", type=int, default=None, help="only the first N requests")
     replay.add_argument("--block-tokens", type=int, default=512, help="tokens per hash id (512: Mooncake)")
     _add_evaluate_traffic(commands)
+    _add_calibrate_cache(commands)
     api_commands.add_commands(commands)
     args = parser.parse_args(argv)
 
-    if args.command == "up":
-        return _up(args)
+    runners: dict[str, Callable[[argparse.Namespace], int]] = {
+        "up": _up,
+        "replay": _replay,
+        "calibrate-cache": _calibrate_cache,
+    }
+    if args.command in runners:
+        return runners[args.command](args)
     if args.command == "migrate":
         from warmplane.shared import migrate  # noqa: PLC0415 - see the imports above
 
@@ -94,8 +103,6 @@ def main(argv: list[str] | None = None) -> int:
         migrate.upgrade(settings.postgres.sqlalchemy_url())
         print("database is at the newest schema")
         return 0
-    if args.command == "replay":
-        return _replay(args)
     if args.command == "evaluate-traffic":
         return _evaluate_traffic(args, argv if argv is not None else sys.argv[1:])
     if args.command in api_commands.HANDLERS:
@@ -185,6 +192,40 @@ def _evaluate_traffic(args: argparse.Namespace, argv: list[str]) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _add_calibrate_cache(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    text = (
+        "choose the result cache's semantic similarity threshold on labelled prompt pairs, embedded with"
+        " the gateway's embedder (WARMPLANE_RESULT_CACHE__EMBEDDER)"
+    )
+    p = commands.add_parser("calibrate-cache", help=text, description=text)
+    p.add_argument(
+        "pairs",
+        nargs="?",
+        type=Path,
+        help='JSON Lines of {"a": ..., "b": ..., "same": true|false, "kind": ...} (default: the shipped set)',
+    )
+    p.add_argument(
+        "--target-precision",
+        type=float,
+        default=0.95,
+        help="least share of semantic hits that must share an answer (default 0.95)",
+    )
+
+
+def _calibrate_cache(args: argparse.Namespace) -> int:
+    from warmplane.services.cli.calibrate_cache import calibrate_cache  # noqa: PLC0415 - see above
+    from warmplane.services.gateway.labelled_pairs import shipped_pairs_path  # noqa: PLC0415
+    from warmplane.services.gateway.settings import GatewaySettings  # noqa: PLC0415
+
+    settings = load_settings(GatewaySettings).result_cache
+    path = args.pairs if args.pairs is not None else shipped_pairs_path()
+    try:
+        return asyncio.run(calibrate_cache(path, args.target_precision, settings, sys.stdout))
+    except (OSError, ValueError) as exc:  # a missing or malformed file, a bad target, a missing model
+        print(f"warmplane calibrate-cache: {exc}", file=sys.stderr)
+        return 2
 
 
 def _up(args: argparse.Namespace) -> int:
