@@ -1,30 +1,37 @@
 """Where the result cache's learned embedding runs: a worker process against a thread of the gateway's own
 process, by what the event loop feels. Run from the project root:
 
-    python -m bench.embedding_bench [--queries 400] [--concurrency 1 16] [--runs 3]
+    python -m bench.embedding_bench [--queries 400] [--concurrency 1 16] [--runs 3] [--no-endpoint]
 
 For each placement of all-MiniLM-L6-v2 (`embedding_worker.WorkerEmbedder`), `--queries` chat-like queries
 are embedded at each `--concurrency` (that many in flight at once), while a ticker on the same event loop
 sleeps 1 ms at a time and records how late it wakes: the loop's lag is what every stream the gateway relays
 would wait. Reported per placement and concurrency: a query's latency (p50, p99), queries a second, the
 batches formed, and the ticker's p99 lag against the same ticker on an idle loop in the same run. The
-trigram embedding (`NgramEmbedder`, no model) is measured beside them as the cost floor. The gateway runs
-the process placement; this bench is why.
+trigram embedding (`NgramEmbedder`, no model) is measured beside them as the cost floor, and, unless
+`--no-endpoint`, the same model served by vLLM on `/v1/embeddings` (`OpenAiEmbedder`; the bench starts the
+engine, on the same two cores): the endpoint a team can run on cores or a GPU of its own. The gateway runs
+the process placement by default; this bench is why.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.services.gateway.embedders import model_folder
 from warmplane.services.gateway.embedding_worker import Placement, WorkerEmbedder
+from warmplane.services.gateway.openai_embeddings import OpenAiEmbedder
 from warmplane.services.gateway.text_embedding import NgramEmbedder
+from warmplane.shared.embedded.vllm_engine import EmbeddedVllm
 
 _SUBJECTS = ("password", "invoice", "capital of France", "sourdough starter", "python list sort", "VAT rate")
 
@@ -83,10 +90,14 @@ async def idle_lag(seconds: float) -> list[float]:
     return await ticker
 
 
-async def one_run(args: argparse.Namespace) -> dict[tuple[str, int], tuple[float, float, float, float, int]]:
+Row = tuple[float, float, float, float, int]
+"""p50 and p99 latency (s), queries/s, p99 loop lag (s), batches."""
+
+
+async def one_run(args: argparse.Namespace, endpoint: str | None) -> dict[tuple[str, int], Row]:
     """Per (placement, concurrency): p50 and p99 latency (s), queries/s, p99 lag (s), batches."""
     texts = queries(args.queries)
-    out: dict[tuple[str, int], tuple[float, float, float, float, int]] = {}
+    out: dict[tuple[str, int], Row] = {}
     idle = await idle_lag(2.0)
     out[("idle loop", 0)] = (0.0, 0.0, 0.0, percentile(idle, 0.99), 0)
     ngram = NgramEmbedder()
@@ -105,12 +116,20 @@ async def one_run(args: argparse.Namespace) -> dict[tuple[str, int], tuple[float
                 out[(placement, concurrency)] = _row(latencies, elapsed, lags, worker.batches - before)
         finally:
             await worker.close()
+    if endpoint is not None:
+        remote = OpenAiEmbedder(endpoint, "minilm", timeout_s=60.0)
+        await remote.start()
+        try:
+            for concurrency in args.concurrency:
+                before = remote.batches
+                latencies, elapsed, lags = await under_load(remote.embed, texts, concurrency)
+                out[("endpoint", concurrency)] = _row(latencies, elapsed, lags, remote.batches - before)
+        finally:
+            await remote.close()
     return out
 
 
-def _row(
-    latencies: list[float], elapsed: float, lags: list[float], batches: int
-) -> tuple[float, float, float, float, int]:
+def _row(latencies: list[float], elapsed: float, lags: list[float], batches: int) -> Row:
     return (
         percentile(latencies, 0.5),
         percentile(latencies, 0.99),
@@ -127,6 +146,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=400)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--no-endpoint", action="store_true", help="leave out vLLM's /v1/embeddings")
     add_summary_option(parser)
     args = parser.parse_args()
     recorder = SummaryRecorder(
@@ -137,7 +157,15 @@ def main() -> None:
         parameters=parameters_of(args),
         runs=args.runs,
     )
-    runs = [asyncio.run(one_run(args)) for _ in range(args.runs)]
+    with contextlib.ExitStack() as stack:
+        endpoint = None
+        if not args.no_endpoint:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="embedding-bench-")))
+            engine = EmbeddedVllm(
+                workdir, model_folder(), served_model_name="minilm", pooling=True, yield_cpu=False
+            )
+            endpoint = stack.enter_context(engine).base_url
+        runs = [asyncio.run(one_run(args, endpoint)) for _ in range(args.runs)]
     keys = list(runs[0])
     medians = {key: tuple(statistics.median(run[key][i] for run in runs) for i in range(5)) for key in keys}
     idle = medians[("idle loop", 0)][3]
@@ -170,6 +198,15 @@ def main() -> None:
             (f"the same in a thread of the gateway's process, x{concurrency}", thread[3] * 1e3),
             process[3] / thread[3] if thread[3] else 0.0,
         )
+        if ("endpoint", concurrency) in medians:
+            remote = medians[("endpoint", concurrency)]
+            recorder.figure(
+                f"queries/s x{concurrency}, vLLM /v1/embeddings",
+                remote[2],
+                "queries/s",
+                (f"worker process x{concurrency}", process[2]),
+                remote[2] / process[2],
+            )
         recorder.figure(
             f"embedding p50 x{concurrency}, worker process",
             process[0] * 1e3,

@@ -84,9 +84,9 @@ BENCHES = (
     Bench("result_cache", "bench.result_cache_bench", 4, 20,  # estimated: 1 min at 10 requests
           "--requests 200 --max-tokens 16",
           "Result-cache hits vs the engine"),
-    Bench("embedding", "bench.embedding_bench", 1.5, 10,  # measured: 25 s a run of 200 queries
-          "--queries 400 --concurrency 1 16 --runs 3",
-          "The learned embedding: worker process vs thread, by the event loop's lag"),
+    Bench("embedding", "bench.embedding_bench", 2.5, 10,  # measured: 58 s without the endpoint
+          "--queries 400 --concurrency 1 16 --runs 3",  # with vLLM serving the model: 2.5 min
+          "The learned embedding: worker process vs thread vs vLLM's endpoint"),
     Bench("epoch", "bench.epoch_bench", 0.5, 10,  # measured
           "--bumps 20 --warmers 4 --gateways 4 --conversations 32",
           "Epoch propagation to every warmer and gateway"),

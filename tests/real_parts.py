@@ -22,6 +22,7 @@ import pytest
 from pydantic import SecretStr
 
 from tests.integration.light_install import BesideVllm, build_wheel, install_beside_vllm
+from warmplane.services.gateway.embedders import model_folder
 from warmplane.services.planner.settings import IngestSettings, PlannerSettings, PlanSettings
 from warmplane.shared import migrate
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres, EmbeddedRedis
@@ -114,6 +115,16 @@ def vllm_engine() -> Iterator[EmbeddedVllm]:
     """A running vLLM (CPU) server on the tiny model, shared by the session; needs ``make vllm`` first."""
     model_dir = ensure_tiny_model()
     with _workdir("vllm") as workdir, EmbeddedVllm(workdir, model_dir) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="session")
+def embedding_engine() -> Iterator[EmbeddedVllm]:
+    """vLLM serving the result cache's embedding model (all-MiniLM-L6-v2, `/v1/embeddings`) as `minilm`."""
+    with (
+        _workdir("vllm-embedding") as workdir,
+        EmbeddedVllm(workdir, model_folder(), served_model_name="minilm", pooling=True) as engine,
+    ):
         yield engine
 
 

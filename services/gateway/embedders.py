@@ -2,9 +2,10 @@
 
 `minilm` is all-MiniLM-L6-v2 in a worker process (`embedding_worker.py`); its vector space is named after
 the model, or after the folder given instead, so vectors of another model are never compared with its.
-`ngram` is the no-model fallback (`text_embedding.NgramEmbedder`). A `minilm` whose model is not installed
-stops the gateway at start with the command that installs it (`bert_encoder.ModelMissing`): a semantic tier
-asked for by its settings does not quietly become a weaker one.
+`openai` asks an OpenAI-compatible endpoint (`openai_embeddings.py`). `ngram` is the no-model fallback
+(`text_embedding.NgramEmbedder`). A `minilm` whose model is not installed, or an endpoint that does not
+answer, stops the gateway at start with the reason (`ModelMissing` names the install command): a semantic
+tier asked for by its settings does not quietly become a weaker one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 from warmplane.services.gateway.embedding_worker import WorkerEmbedder
+from warmplane.services.gateway.openai_embeddings import OpenAiEmbedder
 from warmplane.services.gateway.settings import ResultCacheSettings
 from warmplane.services.gateway.text_embedding import Embedder, NgramEmbedder
 
@@ -48,6 +50,21 @@ async def open_embedder(settings: ResultCacheSettings, stack: AsyncExitStack) ->
     """The embedder of `settings`, started (the worker up and its model loaded), closed by `stack`."""
     if settings.embedder == "ngram":
         return NgramEmbedder(settings.embedding_dimensions)
+    if settings.embedder == "openai":
+        if settings.embedding_url is None:
+            raise ValueError(
+                "WARMPLANE_RESULT_CACHE__EMBEDDER=openai needs WARMPLANE_RESULT_CACHE__EMBEDDING_URL"
+            )
+        key = settings.embedding_api_key
+        remote = OpenAiEmbedder(
+            settings.embedding_url,
+            settings.embedding_model,
+            api_key=key.get_secret_value() if key is not None else None,
+            max_batch=settings.embedding_max_batch,
+        )
+        stack.push_async_callback(remote.close)
+        await remote.start()
+        return remote
     if settings.model_dir is None:
         folder, space = model_folder(), MINILM_SPACE
     else:

