@@ -1,12 +1,15 @@
-"""In-memory twins of the planner's plan and fleet stores and its publisher, for unit tests (no sockets)."""
+"""In-memory twins of the planner's plan and fleet stores and its publisher, for unit tests (no sockets).
+`MemoryIngest` (memory_ingest.py) writes into a `MemoryPlans` what ingestion writes into Postgres."""
 
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from warmplane.services.planner.core.deploy_epochs import EpochState, Revisions
+from warmplane.services.planner.core.ingest_batch import Scope
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelStatistics
 from warmplane.services.planner.plans import Unplanned
 from warmplane.services.planner.policy import StoredPrefix
@@ -19,8 +22,8 @@ MODEL = ModelRef("m", "r1")
 
 
 class MemoryPlans:
-    """Prefixes are (scope, id, parent, tokens); `counts` are (scope, leaf, bucket, requests); scope `s`
-    belongs to tenant `tenant-s`, prompt revision v1."""
+    """Prefixes are (scope, id, parent, tokens); `counts` are (scope, leaf, bucket, requests), summed per key
+    when read; scope `s` belongs to tenant `tenant-s`, prompt revision v1."""
 
     def __init__(
         self,
@@ -30,6 +33,10 @@ class MemoryPlans:
     ) -> None:
         self.prefixes = list(prefixes)
         self.counts = list(counts)
+        self.scopes: dict[int, Scope] = {
+            s[0]: (f"tenant-{s[0]}", MODEL.name, "v1") for s in [*prefixes, *counts]
+        }
+        """Scope id -> (tenant, model, prompt revision)."""
         self.payload_of = payloads or {}
         self.catalogued: set[NodeKey] | None = None
         """Defaults to the keys of `payloads`."""
@@ -47,10 +54,14 @@ class MemoryPlans:
         if self.fail:
             raise OSError("connection reset")
         self.asked.append((model, since_bucket))
+        summed = Counter[tuple[int, int, int]]()
+        for scope, leaf, bucket, requests in self.counts:
+            if bucket >= since_bucket:
+                summed[(scope, leaf, bucket)] += requests
         catalogued = self.catalogued if self.catalogued is not None else set(self.payload_of)
         return ModelStatistics(
             [(s, StoredPrefix(p, parent, tokens)) for s, p, parent, tokens in self.prefixes],
-            [c for c in self.counts if c[2] >= since_bucket],
+            [(*key, requests) for key, requests in summed.items() if requests > 0],
             set(catalogued),
         )
 
