@@ -1,24 +1,22 @@
 """What an `Ingestor` talks to, faked for unit tests of its own logic: broker records, a consumer that owns
-every partition, a dead-letter sink that takes everything, and the base of a fake store."""
+every partition and a dead-letter sink that takes everything (its store's twin is `MemoryIngest`)."""
 
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from prometheus_client import CollectorRegistry
 
-from warmplane.services.planner.core.ingest_batch import IngestBatch
 from warmplane.services.planner.core.node_cache import NodeCache
 from warmplane.services.planner.ingestor import Ingestor, IngestStore, Offsets, Partition
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.dead_letters import DeadLetter
 from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.events import Event, ModelRef, RequestObserved
+from warmplane.shared.events import ModelRef, RequestObserved
 
 
 @dataclass(frozen=True)
@@ -29,21 +27,6 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
-
-
-class StoreBase:
-    """The parts of an `IngestStore` a fake needs not change: no position stored, nothing refused. A fake
-    adds `write`."""
-
-    async def positions(
-        self, partitions: Sequence[Partition], window: int
-    ) -> Mapping[Partition, tuple[int, Sequence[uuid.UUID]]]:
-        return {}
-
-    async def rejected(
-        self, batch_of: Callable[[list[Event]], IngestBatch], events: list[Event]
-    ) -> list[int]:
-        return []
 
 
 class NoLetters:

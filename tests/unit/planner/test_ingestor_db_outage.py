@@ -5,43 +5,42 @@ positions), and stops the planner once the outage outlasts `db_outage_s`."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
-from tests.unit.planner.ingestor_fakes import Consumer, StoreBase, request_record, started_ingestor
+from tests.unit.planner.ingestor_fakes import Consumer, request_record, started_ingestor
+from tests.unit.planner.memory_ingest import MemoryIngest
 from warmplane.services.planner.core.ingest_batch import IngestBatch
 from warmplane.services.planner.ingestor import Offsets, Partition
-from warmplane.services.planner.pg_store import Fenced, PartitionSlice
+from warmplane.services.planner.pg_store import PartitionSlice
 
 PARTITION = ("t.requests", 0)
 
 
-class FlakyStore(StoreBase):
-    """Postgres with positions, whose next writes go as `failures` says, one each: `down` (refused,
-    nothing written), `dropped` (committed, then the connection dropped before the answer), or ""."""
+class FlakyStore(MemoryIngest):
+    """The twin of Postgres, whose next writes go as `failures` says, one each: `down` (refused, nothing
+    written), `dropped` (committed, then the connection dropped before the answer), or ""."""
 
     def __init__(self, failures: Sequence[str]) -> None:
+        super().__init__()
         self.failures = list(failures)
-        self.position = 0
-        self.counted = 0
         self.attempts = 0
+
+    @property
+    def position(self) -> int:
+        return self.offsets.get(PARTITION, 0)
+
+    @property
+    def counted(self) -> int:
+        return sum(requests for _scope, _leaf, _bucket, requests in self.plans.counts)
 
     async def write(self, slices: Sequence[PartitionSlice], batch: IngestBatch) -> None:
         self.attempts += 1
-        [part] = slices
-        if (part.expected_next or 0) != self.position:
-            raise Fenced({PARTITION})
         failure = self.failures.pop(0) if self.failures else None
         if failure == "down":
             raise ConnectionRefusedError(111, "Connect call failed")
-        self.position, self.counted = part.last_offset + 1, self.counted + len(part.event_ids)
+        await super().write(slices, batch)
         if failure == "dropped":
             raise ConnectionResetError(104, "Connection reset by peer")
-
-    async def positions(
-        self, partitions: Sequence[Partition], window: int
-    ) -> Mapping[Partition, tuple[int, Sequence[uuid.UUID]]]:
-        return {PARTITION: (self.position, [])}
 
 
 class Broker(Consumer):

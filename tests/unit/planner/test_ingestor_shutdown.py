@@ -9,15 +9,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from tests.unit.planner.ingestor_fakes import Consumer, Record, StoreBase, request_record, started_ingestor
+from tests.unit.planner.ingestor_fakes import Consumer, Record, request_record, started_ingestor
+from tests.unit.planner.memory_ingest import MemoryIngest
 from warmplane.services.planner.core.ingest_batch import IngestBatch
 from warmplane.services.planner.pg_store import PartitionSlice
 
 
-class BrokenStore(StoreBase):
+class BrokenStore(MemoryIngest):
     """A database whose first write hangs until `fail` is set, then fails."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.writes = 0
         self.writing = asyncio.Event()
         self.fail = asyncio.Event()

@@ -4,14 +4,13 @@ to before every fold, so no fold trusts a node whose path rows the retention swe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 import pytest
 
-from tests.unit.planner.ingestor_fakes import Consumer, StoreBase, request_record, started_ingestor
-from warmplane.services.planner.core.ingest_batch import IngestBatch, ScopedPrefix
+from tests.unit.planner.ingestor_fakes import Consumer, request_record, started_ingestor
+from tests.unit.planner.memory_ingest import MemoryIngest
+from warmplane.services.planner.core.ingest_batch import ScopedPrefix
 from warmplane.services.planner.core.node_cache import NodeCache
-from warmplane.services.planner.pg_store import PartitionSlice
 
 SCOPE = ("acme", "m", "")
 
@@ -63,20 +62,12 @@ def test_the_cache_refuses_an_age_bound_that_is_not_positive() -> None:
         NodeCache(max_age_s=0)
 
 
-class RecordingStore(StoreBase):
-    def __init__(self) -> None:
-        self.batches: list[IngestBatch] = []
-
-    async def write(self, slices: Sequence[PartitionSlice], batch: IngestBatch) -> None:
-        self.batches.append(batch)
-
-
 @pytest.mark.parametrize(("waited_s", "anchor", "ids"), [(3600.0, 2, [3]), (3601.0, None, [1, 2, 3])])
 async def test_the_writer_folds_a_batch_trusting_only_nodes_younger_than_the_bound(
     waited_s: float, anchor: int | None, ids: list[int]
 ) -> None:
     clock = [1000.0]
-    store = RecordingStore()
+    store = MemoryIngest()
     ingestor = started_ingestor(store, node_cache=NodeCache(max_age_s=3600), clock=lambda: clock[0])
     try:
         await ingestor.submit([request_record(0, [1, 2])], Consumer())
