@@ -1,23 +1,27 @@
 """An in-memory twin of the planner's ingest store (`ingestor.IngestStore`; `pg_store.PgIngestStore` is the
 real one), for unit tests: partitions' positions, fenced as Postgres fences them, a ledger of the ids each
-batch counted, and the requests, chain nodes and payloads it counts, written into a `MemoryPlans`.
+batch counted, and the batch's effects on what choosing reads, written into a `MemoryPlans`.
 
 Misses, heartbeats and the per-replica counts are not kept: no read of the twin shows them.
-`tests/ingest_store_behaviour.py` holds it to Postgres."""
+`tests/ingest_store_behaviour.py` and `tests/choice_store_behaviour.py` hold it to Postgres."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
 
 import asyncpg
 import msgspec
 
 from tests.unit.planner.memory_planner import MemoryPlans
-from warmplane.services.planner.core.ingest_batch import IngestBatch, Scope
+from warmplane.services.planner.core.ingest_batch import IngestBatch, Scope, newer_report
 from warmplane.services.planner.ingestor import Partition
 from warmplane.services.planner.pg_store import Fenced, PartitionSlice
-from warmplane.shared.events import Event
+from warmplane.services.planner.plan_choice import LiveReplica
+from warmplane.shared.events import EpochBumped, Event, ReplicaEvent, WarmFinished
+from warmplane.shared.plan_states import plan_state
 
 
 class MemoryIngest:
@@ -31,6 +35,8 @@ class MemoryIngest:
         self.ledger: dict[Partition, list[tuple[int, list[int]]]] = {}
         """Each partition's batches: their first offset and the ids they counted."""
         self.batches: list[IngestBatch] = []
+        self._since: dict[str, datetime] = {}
+        """Replica -> when its row's state began."""
 
     async def write(self, slices: Sequence[PartitionSlice], batch: IngestBatch) -> None:
         """As `PgIngestStore.write`: `Fenced` (naming every partition of the batch) unless each partition
@@ -46,6 +52,18 @@ class MemoryIngest:
             self.ledger.setdefault((s.topic, s.partition), []).append((s.first_offset, list(s.event_ids)))
         self.batches.append(batch)
         self._count(batch, ids)
+        for event in batch.replica_events:
+            self._record_replica(event)
+        for change in batch.fleet_changes:
+            if isinstance(change, EpochBumped):
+                key = (change.tenant, change.model.name)
+                if key not in self.plans.epochs or self.plans.epochs[key] < change.epoch:
+                    self.plans.epochs[key] = change.epoch
+        self._record_results(batch)
+        for report in batch.residency.values():
+            stored = self.plans.reports.get(report.replica)
+            if stored is None or newer_report(stored, report) is report:
+                self.plans.reports[report.replica] = report
 
     async def positions(
         self, partitions: Sequence[Partition], window: int
@@ -87,6 +105,41 @@ class MemoryIngest:
             plans.payload_of.setdefault((ids[scope], prefix), entry.payload)
             if plans.catalogued is not None:
                 plans.catalogued.add((ids[scope], prefix))
+
+    def _record_replica(self, event: ReplicaEvent) -> None:
+        """The latest occurrence decides the state; a capacity is kept from the latest event with one."""
+        plans, replica, at = self.plans, event.replica, event.occurred_at
+        if event.STATE == "starting" and (replica not in plans.starts or plans.starts[replica][0] < at):
+            plans.starts[replica] = (at, event.event_id)
+        index = next((i for i, row in enumerate(plans.live) if row.replica == replica), None)
+        old = plans.live[index] if index is not None else None
+        newer = old is None or replica not in self._since or self._since[replica] <= at
+        capacity = event.kv_capacity_tokens
+        if old is not None and (capacity is None or not (old.kv_capacity_tokens is None or newer)):
+            capacity = old.kv_capacity_tokens
+        if newer:
+            row = LiveReplica(replica, event.node, event.model.revision, event.STATE, capacity)
+            plans.model_of[replica], self._since[replica] = event.model.name, at
+        else:
+            assert old is not None
+            row = replace(old, kv_capacity_tokens=capacity)
+        if index is None:
+            plans.live.append(row)
+        else:
+            plans.live[index] = row
+
+    def _record_results(self, batch: IngestBatch) -> None:
+        """A recorded plan is `warming` while it progresses, then its first outcome stands."""
+        recorded = {plan.plan_id for plan in self.plans.rows.values()}
+        for result in batch.plan_results:
+            if result.plan_id not in recorded:
+                continue
+            state, finished = self.plans.outcomes.get(result.plan_id, ("issued", None))
+            if isinstance(result, WarmFinished):
+                if finished is None:
+                    self.plans.outcomes[result.plan_id] = (plan_state(result), result.occurred_at)
+            elif state in ("issued", "warming"):
+                self.plans.outcomes[result.plan_id] = ("warming", None)
 
 
 def _unstorable(batch: IngestBatch) -> bool:

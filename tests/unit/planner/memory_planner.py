@@ -14,7 +14,17 @@ from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelS
 from warmplane.services.planner.plans import Unplanned
 from warmplane.services.planner.policy import StoredPrefix
 from warmplane.services.planner.policy.replica_plan import NodeKey
-from warmplane.shared.events import EpochBumped, Event, ModelRef, PrefixPayload, WarmFinished, WarmPlanIssued
+from warmplane.shared.events import (
+    LIVE_REPLICA_STATES,
+    EpochBumped,
+    Event,
+    ModelRef,
+    PrefixPayload,
+    ReplicaResidency,
+    WarmFinished,
+    WarmPlanIssued,
+)
+from warmplane.shared.plan_states import PlanState
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 BUCKET = int(NOW.timestamp()) // 60
@@ -23,7 +33,7 @@ MODEL = ModelRef("m", "r1")
 
 class MemoryPlans:
     """Prefixes are (scope, id, parent, tokens); `counts` are (scope, leaf, bucket, requests), summed per key
-    when read; scope `s` belongs to tenant `tenant-s`, prompt revision v1."""
+    when read; a scope given here belongs to tenant `tenant-s` of model `m`, prompt revision v1."""
 
     def __init__(
         self,
@@ -41,12 +51,22 @@ class MemoryPlans:
         self.catalogued: set[NodeKey] | None = None
         """Defaults to the keys of `payloads`."""
         self.rows: dict[tuple[uuid.UUID, str], WarmPlanIssued] = {}
+        self.outcomes: dict[uuid.UUID, tuple[PlanState, datetime | None]] = {}
+        """Plan id -> its state past `issued` and when it finished."""
         self.asked: list[tuple[str, int]] = []
         self.fail = False
         self.epochs: dict[tuple[str, str], int] = {}
         """(tenant, model) -> epoch."""
         self.live: list[LiveReplica] = []
+        """Every replica as its row stands, whatever its state: `live_replicas` keeps the live ones."""
+        self.model_of: dict[str, str] = {}
+        """Replica -> the model it serves; absent: `MODEL`'s."""
+        self.starts: dict[str, tuple[datetime, uuid.UUID]] = {}
+        """Replica -> its latest start: when, and the start's event id (its incarnation)."""
+        self.reports: dict[str, ReplicaResidency] = {}
+        """Replica -> the residency report that stands."""
         self.holding: dict[str, list[HeldItem]] = {}
+        """What a replica holds besides what its report and verified plans say: set by a test outright."""
         self.published: dict[uuid.UUID, datetime] = {}
         self.unplanned: list[Unplanned] = []
 
@@ -54,31 +74,65 @@ class MemoryPlans:
         if self.fail:
             raise OSError("connection reset")
         self.asked.append((model, since_bucket))
+        of_model = {scope for scope, (_tenant, name, _rev) in self.scopes.items() if name == model}
         summed = Counter[tuple[int, int, int]]()
         for scope, leaf, bucket, requests in self.counts:
-            if bucket >= since_bucket:
+            if scope in of_model and bucket >= since_bucket:
                 summed[(scope, leaf, bucket)] += requests
+        counts = [(*key, requests) for key, requests in summed.items() if requests > 0]
+        # As Postgres: a scope without a count since has nothing to plan from, and none of it is read.
+        counted = {count[0] for count in counts}
         catalogued = self.catalogued if self.catalogued is not None else set(self.payload_of)
         return ModelStatistics(
-            [(s, StoredPrefix(p, parent, tokens)) for s, p, parent, tokens in self.prefixes],
-            [(*key, requests) for key, requests in summed.items() if requests > 0],
-            set(catalogued),
+            [(s, StoredPrefix(p, parent, tokens)) for s, p, parent, tokens in self.prefixes if s in counted],
+            counts,
+            {key for key in catalogued if key[0] in counted},
         )
 
     async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]:
         return {key: self.payload_of[key] for key in keys if key in self.payload_of}
 
     async def scope_names(self, scope_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
-        return {scope_id: (f"tenant-{scope_id}", "v1") for scope_id in scope_ids}
+        return {s: (self.scopes[s][0], self.scopes[s][2]) for s in scope_ids if s in self.scopes}
 
     async def current_epochs(self, model: str) -> dict[str, int]:
         return {tenant: epoch for (tenant, of), epoch in self.epochs.items() if of == model}
 
     async def live_replicas(self, model: str) -> list[LiveReplica]:
-        return list(self.live)
+        live = [
+            r
+            for r in self.live
+            if r.state in LIVE_REPLICA_STATES and self.model_of.get(r.replica, MODEL.name) == model
+        ]
+        return sorted(live, key=lambda r: r.replica)
 
     async def held(self, replica: str) -> list[HeldItem]:
-        return self.holding.get(replica, [])
+        """As `PgPlanStore.held`, then what `holding` adds."""
+        found = dict.fromkeys(self._held_since_start(replica))
+        found.update(dict.fromkeys(self.holding.get(replica, [])))
+        return list(found)
+
+    def _held_since_start(self, replica: str) -> list[HeldItem]:
+        """The report on the replica's latest start, and the items of its verified plans, from the one
+        answering that start on, that finished after the report (any, without one)."""
+        if (start := self.starts.get(replica)) is None:
+            return []
+        report = self.reports.get(replica)
+        if report is not None and report.incarnation != start[1]:
+            report = None  # a report on an earlier start says nothing of this one
+        held = [HeldItem(p, h.tenant, h.epoch) for h in report.held for p in h.prefix_ids] if report else []
+        if (answered := self.rows.get((start[1], replica))) is None:
+            return held
+        for plan in self.rows.values():
+            state, finished = self.outcomes.get(plan.plan_id, ("issued", None))
+            if (
+                plan.replica == replica
+                and state == "verified"
+                and plan.occurred_at >= answered.occurred_at
+                and (report is None or (finished is not None and finished > report.occurred_at))
+            ):
+                held += [HeldItem(i.prefix_id, i.tenant, i.epoch_in(plan.epoch)) for i in plan.items]
+        return held
 
     async def record(self, plans: Sequence[tuple[WarmPlanIssued, uuid.UUID]]) -> set[uuid.UUID]:
         return {
