@@ -1,6 +1,6 @@
 """What the gateway's result cache saves: a request answered by the engine against the same request
-answered from the cache (exact tier) and an alike one (semantic tier), through the same gateway, in
-one run. Run from the project root:
+answered from the cache (L1, the gateway's memory) and an alike one (semantic tier), through the same
+gateway, in one run. Run from the project root:
 
     python -m bench.result_cache_bench [--requests 200] [--max-tokens 16]
 
@@ -8,10 +8,11 @@ It starts the embedded vLLM (CPU build, tiny model, one core), the broker, Redis
 the semantic tier's `result_queries`), and the gateway as its own process with
 `WARMPLANE_RESULT_CACHE__ENABLED` and `__SEMANTIC` on. Each round sends three greedy chat requests, in
 turn: `engine` (a fresh question: `Cache-Control: no-cache` skips the lookup, so the engine answers,
-its prompt prefix cached after the first round), `exact` (a question asked before: answered from Redis),
-`semantic` (a question asked before, in capitals and without its question mark: a different exact
-key, answered through the pgvector search). Reported: each kind's p50 and p90 in ms, and the engine's
-p50 over each hit kind's. All processes share this machine's cores.
+its prompt prefix cached after the first round), `l1` (a question asked before: answered from the
+gateway's memory, which keeping the answer filled), `semantic` (a question asked before, in capitals
+and without its question mark: a different exact key, answered through the pgvector search). Reported:
+each kind's p50 and p90 in ms, and the engine's p50 over each hit kind's. All processes share this
+machine's cores.
 """
 
 from __future__ import annotations
@@ -52,13 +53,13 @@ def timed(client: httpx.Client, payload: dict[str, object], expect: str, **heade
 
 def rounds(url: str, model: str, requests: int, max_tokens: int) -> dict[str, list[float]]:
     """Milliseconds per kind; the question of round i is new in round i, so nothing is found by chance."""
-    samples: dict[str, list[float]] = {"engine": [], "exact": [], "semantic": []}
+    samples: dict[str, list[float]] = {"engine": [], "l1": [], "semantic": []}
     with httpx.Client(base_url=url, headers={"authorization": f"Bearer {KEY}"}, timeout=120) as client:
         for i in range(requests):
             question = f"Which trains run from station {i} to the airport before nine in the morning?"
             asked = body(model, question, max_tokens)
             samples["engine"].append(timed(client, asked, "miss", **{"cache-control": "no-cache"}))
-            samples["exact"].append(timed(client, asked, "exact"))
+            samples["l1"].append(timed(client, asked, "l1"))
             alike = body(model, question.upper().rstrip("?"), max_tokens)
             samples["semantic"].append(timed(client, alike, "semantic"))
     return samples
@@ -100,7 +101,7 @@ def main() -> None:
     args = parser.parse_args()
     recorder = SummaryRecorder(
         bench="result_cache",
-        title="Requests answered from the gateway's result cache (exact, semantic), against the engine",
+        title="Requests answered from the gateway's result cache (l1, semantic), against the engine",
         module="bench.result_cache_bench",
         argv=sys.argv[1:],
         parameters=parameters_of(args),

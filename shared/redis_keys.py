@@ -5,6 +5,10 @@ Redis holds only what can be rebuilt: losing it costs cache hits, never correctn
 
 from __future__ import annotations
 
-RESULT_ANSWERS = "warmplane:results:v1:"
+RESULT_ANSWERS = "warmplane:results:v2:"
 """The gateway's cached answers: `RESULT_ANSWERS + hex SHA-256 of (tenant, model, epoch, request key)`,
-each with its time to live."""
+each with its time to live, in the form of `services/gateway/answer_record.py` (v1 held the bare answer)."""
+
+RESULT_LEASES = "warmplane:results:lease:v1:"
+"""Single-flight leases across gateway pods: `RESULT_LEASES + the answer key's hex digest`, naming the
+holding request, with the flight's deadline as time to live."""

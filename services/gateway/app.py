@@ -81,6 +81,7 @@ def bootstrap(
         if embedder is None:
             embedder = NgramEmbedder(settings.result_cache.embedding_dimensions)
         results = ResultCache(settings.result_cache, stores.answers, stores.index, embedder, metrics)
+        epochs.watch(results.epoch_bumped)
     options = settings.gateway
     observer = Observer(
         sink,

@@ -4,7 +4,7 @@ Labels stay bounded: `tenant` is a configured tenant or `-` (unauthenticated), `
 or `-` (unknown to the gateway), `replica` a member of the fleet. The cached-token ratio is
 `rate(warmplane_gateway_cached_tokens_total) / rate(warmplane_gateway_prompt_tokens_total)`, and a
 per-request histogram of it. The result cache's hit rate (the seed documents' "semantic hit rate") is
-`sum(rate(warmplane_gateway_result_lookups_total{outcome=~"exact|semantic"})) /
+`sum(rate(warmplane_gateway_result_lookups_total{outcome=~"l1|exact|semantic|flight"})) /
 sum(rate(warmplane_gateway_result_lookups_total))` per tenant and model.
 
 The serving path takes labelled children from `pair(tenant, model)` and `replica(name)`, which resolve
@@ -99,7 +99,8 @@ class GatewayMetrics:
         )
         self.result_lookups = Counter(
             "warmplane_gateway_result_lookups",
-            "Result-cache lookups by outcome: exact, semantic (hits), miss, error (served by a replica)",
+            "Result-cache lookups by outcome: l1 (memory), exact (Redis), semantic (pgvector), flight (an"
+            " identical request's answer, single flight) are hits; miss, error (served by a replica)",
             [*tm, "outcome"],
             registry=registry,
         )
@@ -112,8 +113,8 @@ class GatewayMetrics:
         )
         self.result_bypass = Counter(
             "warmplane_gateway_result_bypass",
-            "Requests the result cache stayed out of: streaming, sampling, choices, no_store; no_cache"
-            " (looked up nothing, the answer is kept)",
+            "Requests the result cache stayed out of: streaming, sampling, choices, no_store, no_user"
+            " (scoped by user, none named); no_cache (looked up nothing, the answer is kept)",
             [*tm, "reason"],
             registry=registry,
         )
@@ -121,6 +122,13 @@ class GatewayMetrics:
             "warmplane_gateway_result_keeps",
             "Answers offered to the result cache: kept, too_large, dropped (too many pending), error",
             ["model", "outcome"],
+            registry=registry,
+        )
+        self.result_corrupt = Counter(
+            "warmplane_gateway_result_corrupt",
+            "Stored answers that were not intact (cut short, or not written by the gateway): deleted,"
+            " never served",
+            ["model"],
             registry=registry,
         )
         self.events_dropped = Counter(

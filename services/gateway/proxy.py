@@ -17,8 +17,10 @@ Contracts:
 - A request's event and metrics are recorded after its answer went to the server (a whole answer:
   once its bytes were handed over; a stream: once it ended), so the client never waits for them.
 - With a result cache (`result_cache.py`), a request it may answer is looked up once the tenant, model
-  and epoch are known; a hit is answered without a replica (`x-warmplane-cache: exact | semantic`),
-  and a miss's 200 answer is offered to the cache (`x-warmplane-cache: miss`) once it went out.
+  and epoch are known; a hit is answered without a replica (`x-warmplane-cache: l1 | exact | semantic
+  | flight`), and a miss's 200 answer is offered to the cache (`x-warmplane-cache: miss`) once it went
+  out. A miss that follows an identical request in flight waits for its answer first (bounded); every
+  other miss ends in `keep` or `abandon`, however its request ends, so no follower waits on it in vain.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ from warmplane.services.gateway.openai_request import (
     upstream_body,
 )
 from warmplane.services.gateway.relayed_stream import Outcome, RelayedStream
-from warmplane.services.gateway.result_cache import Hit, Lookup, ResultCache
+from warmplane.services.gateway.result_cache import ResultCache
+from warmplane.services.gateway.result_keys import CACHE_HEADER
+from warmplane.services.gateway.result_lookup import Hit, Lookup
 from warmplane.services.gateway.router import Router
 from warmplane.services.gateway.settings import GatewayOptions, RoutingSettings
 from warmplane.services.gateway.sse_relay import Fingerprint, SseRelay
@@ -64,7 +68,6 @@ from warmplane.shared.prefix_chain import Namespace, PrefixChain
 from warmplane.shared.rate_limit import RateLimiter
 
 REPLICA_HEADER = "x-warmplane-replica"
-CACHE_HEADER = "x-warmplane-cache"
 _MAX_FINGERPRINTS = 4_096
 """Replicas whose fingerprint is remembered at once; past that the memory starts again."""
 _decoder = msgspec.json.Decoder()
@@ -146,12 +149,19 @@ class Proxy:
             epoch = self._epochs.epoch(tenant, model)
             cache = None
             if self._results is not None:
-                control = request.headers.get("cache-control", "")
-                cache = await self._results.lookup(client_request, tenant, epoch, control)
+                cache = await self._results.lookup(client_request, tenant, epoch, request.headers)
+                if cache is not None and cache.follows:
+                    await self._results.follow(cache)
                 if cache is not None and cache.hit is not None:
                     return self._from_cache(client_request, tenant, started, cache.hit)
             chain = chain_of(client_request, Namespace(tenant, model))
-            return await self._forward(_Job(client_request, tenant, epoch, chain, started, cache))
+            job = _Job(client_request, tenant, epoch, chain, started, cache)
+            try:
+                return await self._forward(job)
+            except BaseException:
+                if cache is not None and self._results is not None:
+                    self._results.abandon(cache)
+                raise
         except ApiError as error:
             self._finish(tenant, model, kind, error.status, started, code=error.code)
             return error_response(error)
@@ -230,8 +240,11 @@ class Proxy:
         def settle() -> None:
             if status == 200:
                 self._observe(job, replica, route, _usage_of(content), None)
-                if job.cache is not None and self._results is not None:
+            if job.cache is not None and self._results is not None:
+                if status == 200:
                     self._results.keep(job.cache, content)
+                else:
+                    self._results.abandon(job.cache)
             self._finish(job.tenant, request.model, request.kind, status, job.started, code=str(status))
 
         headers = {REPLICA_HEADER: replica.name}

@@ -3,21 +3,26 @@
 An answer is reusable only when the engine would give the same one again: a non-streamed request with
 `temperature` 0 and a single choice (`n` absent or 1). Anything else is served by a replica and never
 cached; the reason is counted (`Bypass`). A client's `Cache-Control: no-store` keeps its request out
-of the cache both ways; `no-cache` skips the lookup but lets the fresh answer be kept.
+of the cache both ways; `no-cache` skips the lookup but lets the fresh answer be kept. A request that
+sends `x-warmplane-cache: allow-sampled` opts in to answers of its exact sampled form (`temperature` above
+0, same seed and settings): the caller accepts one draw replayed. Streaming is never answered from the
+cache (a kept answer is not a stream).
 
 Keys never hold a client's text. The exact key is the SHA-256 of the request in a canonical form
 (sorted keys, minus the fields that do not change the answer: `stream`, `stream_options`, `user`,
 `cache_salt`, `priority`, `request_id`). For the semantic tier the request splits into its query
 (the last user message's text of a chat; a completion's text prompt) and its context (everything
 else, hashed): answers are reused across queries alike in meaning only under the same context, so a
-different system prompt, history or sampling setting never borrows an answer. Tenant, model and epoch
-are the caller's part of every key (`result_cache.py`): an epoch bump moves a tenant's model to a
-fresh namespace.
+different system prompt, history or sampling setting never borrows an answer. With an end user given
+(`end_user`, when the settings scope answers by user), the user is part of both keys, so no user's
+answer reaches another. Tenant, model and epoch are the caller's part of every key (`Namespace`,
+`result_cache.py`): an epoch bump moves a tenant's model to a fresh namespace.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,9 +30,21 @@ import msgspec
 
 from warmplane.services.gateway.openai_request import ClientRequest
 
-Bypass = Literal["streaming", "sampling", "choices", "no_store"]
+Bypass = Literal["streaming", "sampling", "choices", "no_store", "no_user"]
+CACHE_HEADER = "x-warmplane-cache"
+"""Request: `allow-sampled` opts in to cached sampled answers. Response: where the answer came from."""
+ALLOW_SAMPLED = "allow-sampled"
 _IGNORED = frozenset({"stream", "stream_options", "user", "cache_salt", "priority", "request_id"})
 _canonical = msgspec.json.Encoder(order="sorted")
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """Answers are only ever shared inside one of these."""
+
+    tenant: str
+    model: str
+    epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +63,22 @@ class CacheDirective:
 
     lookup: bool
     keep: bool
+    sampled: bool = False
+    """The client accepts a cached answer to a sampled request (`x-warmplane-cache: allow-sampled`)."""
 
 
-def directive(cache_control: str) -> CacheDirective:
-    """The client's `Cache-Control` request header, as far as a result cache reads it."""
-    tokens = {token.strip().split("=", 1)[0].lower() for token in cache_control.split(",")}
+def directive(headers: Mapping[str, str]) -> CacheDirective:
+    """What the client's `Cache-Control` and `x-warmplane-cache` request headers (lower-case names) ask
+    of a result cache."""
+    tokens = _tokens(headers.get("cache-control", ""))
+    sampled = ALLOW_SAMPLED in _tokens(headers.get(CACHE_HEADER, ""))
     if "no-store" in tokens:
-        return CacheDirective(lookup=False, keep=False)
-    return CacheDirective(lookup="no-cache" not in tokens, keep=True)
+        return CacheDirective(lookup=False, keep=False, sampled=sampled)
+    return CacheDirective(lookup="no-cache" not in tokens, keep=True, sampled=sampled)
+
+
+def _tokens(header: str) -> set[str]:
+    return {token.strip().split("=", 1)[0].lower() for token in header.split(",")}
 
 
 def bypass_reason(request: ClientRequest, wanted: CacheDirective) -> Bypass | None:
@@ -66,14 +91,28 @@ def bypass_reason(request: ClientRequest, wanted: CacheDirective) -> Bypass | No
     if body.get("n") not in (None, 1):
         return "choices"
     temperature = body.get("temperature")
-    if isinstance(temperature, bool) or temperature not in (0, 0.0):
+    greedy = not isinstance(temperature, bool) and temperature in (0, 0.0)
+    if not greedy and not (wanted.sampled and _is_number(temperature)):
         return "sampling"
     return None
 
 
-def cache_query(request: ClientRequest) -> CacheQuery:
-    """The keys of a request `bypass_reason` let through."""
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def end_user(request: ClientRequest, headers: Mapping[str, str], header: str) -> str | None:
+    """The end user a request speaks for: the `header` request header (lower-case name) when one is
+    named, else the body's `user` field; None when it gives none."""
+    user = headers.get(header) if header else request.body.get("user")
+    return (user.strip() or None) if isinstance(user, str) else None
+
+
+def cache_query(request: ClientRequest, user: str | None = None) -> CacheQuery:
+    """The keys of a request `bypass_reason` let through; with `user`, keys of that user's alone."""
     body = {key: value for key, value in request.body.items() if key not in _IGNORED}
+    if user is not None:
+        body["user"] = user
     exact = hashlib.sha256(_canonical.encode(body)).hexdigest()
     text, context = _split_query(request.kind, body)
     digest = hashlib.sha256(_canonical.encode(context)).digest()

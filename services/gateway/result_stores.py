@@ -1,10 +1,13 @@
 """Where the result cache keeps things: answers in Redis, the semantic tier's query vectors in Postgres.
 
-`AnswerStore` holds answers by key, each expiring on its own (Redis `SET ... PX`). `QueryIndex` finds,
+`AnswerStore` holds answers by key, each expiring on its own (Redis `SET ... PX`), and the leases of
+single flight across pods: a lease is a key set only if absent (`SET ... NX PX`), naming its holder, so
+that it is released by its holder alone and dies by its deadline if the holder does. `QueryIndex` finds,
 within one (tenant, model, epoch, vector space, request context), the stored query nearest to a
 vector (pgvector's cosine distance `<=>`, table `result_queries`, migration 0008) and names the answer
 it points to. It keeps one row per answer and vector space (an answer kept again renews its row);
-rows past `expires_at` are never returned and are deleted by `sweep`. Both raise what their client
+rows past `expires_at` are never returned and are deleted by `sweep`, rows of a retired epoch by
+`retire`. Both raise what their client
 raises (`redis.RedisError`, `OSError`, `asyncpg.PostgresError`, `TimeoutError`): the caller decides
 that a failing store is a miss.
 """
@@ -19,16 +22,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from warmplane.services.gateway.result_keys import Namespace
 from warmplane.shared.settings import RedisSettings
-
-
-@dataclass(frozen=True, slots=True)
-class Namespace:
-    """Answers are only ever shared inside one of these."""
-
-    tenant: str
-    model: str
-    epoch: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +44,20 @@ class AnswerStore(Protocol):
 
     async def put(self, key: str, answer: bytes, ttl_s: float) -> None: ...
 
+    async def delete(self, key: str) -> None: ...
+
+    async def lease(self, key: str, holder: str, ttl_s: float) -> bool:
+        """Take the lease `key` for `holder` for `ttl_s`; False when another holds it."""
+        ...
+
+    async def held(self, key: str) -> bool:
+        """Whether anyone holds the lease `key`."""
+        ...
+
+    async def release(self, key: str, holder: str) -> None:
+        """Give the lease `key` up, if `holder` still holds it."""
+        ...
+
 
 class QueryIndex(Protocol):
     async def nearest(self, scope: QueryScope, vector: list[float]) -> tuple[str, float] | None:
@@ -59,6 +68,10 @@ class QueryIndex(Protocol):
 
     async def sweep(self, limit: int) -> int:
         """Delete at most `limit` expired rows; how many were deleted."""
+        ...
+
+    async def retire(self, tenant: str, model: str, epoch: int, limit: int) -> int:
+        """Delete at most `limit` rows of (tenant, model) from epochs before `epoch`; how many were."""
         ...
 
 
@@ -89,7 +102,29 @@ class RedisAnswers:
         return answer
 
     async def put(self, key: str, answer: bytes, ttl_s: float) -> None:
-        await self._client.set(key, answer, px=max(int(ttl_s * 1000), 1))
+        await self._client.set(key, answer, px=_ms(ttl_s))
+
+    async def delete(self, key: str) -> None:
+        await self._client.delete(key)
+
+    async def lease(self, key: str, holder: str, ttl_s: float) -> bool:
+        return bool(await self._client.set(key, holder, px=_ms(ttl_s), nx=True))
+
+    async def held(self, key: str) -> bool:
+        return bool(await self._client.exists(key))
+
+    async def release(self, key: str, holder: str) -> None:
+        await self._client.eval(_RELEASE, 1, key, holder)  # type: ignore[misc]
+
+
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+def _ms(seconds: float) -> int:
+    return max(int(seconds * 1000), 1)
 
 
 _NEAREST = """
@@ -103,6 +138,11 @@ _ADD = """
 INSERT INTO result_queries (tenant, model, epoch, space, context, embedding, answer_key, expires_at)
 VALUES ($1, $2, $3, $4, $5, $6::text::vector, $7, now() + make_interval(secs => $8))
 ON CONFLICT (answer_key, space) DO UPDATE SET expires_at = excluded.expires_at
+"""
+_RETIRE = """
+DELETE FROM result_queries WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM result_queries WHERE tenant = $1 AND model = $2 AND epoch < $3 LIMIT $4
+))
 """
 _SWEEP = """
 DELETE FROM result_queries WHERE ctid = ANY (ARRAY(
@@ -126,8 +166,15 @@ class PgQueryIndex:
         await self._pool.execute(_ADD, *scope.parameters(), _literal(vector), key, ttl_s)
 
     async def sweep(self, limit: int) -> int:
-        status: str = await self._pool.execute(_SWEEP, limit)
-        return int(status.rsplit(" ", 1)[1])
+        return _deleted(await self._pool.execute(_SWEEP, limit))
+
+    async def retire(self, tenant: str, model: str, epoch: int, limit: int) -> int:
+        return _deleted(await self._pool.execute(_RETIRE, tenant, model, epoch, limit))
+
+
+def _deleted(status: str) -> int:
+    """The row count of a `DELETE n` command status."""
+    return int(status.rsplit(" ", 1)[1])
 
 
 def _literal(vector: list[float]) -> str:

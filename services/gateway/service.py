@@ -143,18 +143,19 @@ class Gateway:
         return ResultStores(RedisAnswers(client), index)
 
     def _keep_results_tidy(self, results: ResultCache) -> None:
-        """Expired query vectors swept every `sweep_s`; at stop, answers being kept get a bounded wait."""
+        """Expired query vectors swept every `sweep_s`, a retired epoch's at once after its bump; at stop,
+        answers being kept get a bounded wait."""
         every_s = self.settings.result_cache.sweep_s
 
         async def sweep_forever() -> None:
             while True:
-                await asyncio.sleep(every_s)
+                await results.next_sweep(every_s)
                 try:
                     swept = await results.sweep()
                 except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
-                    log.warning("expired result-cache vectors were not swept (%s)", exc)
+                    log.warning("expired or retired result-cache vectors were not swept (%s)", exc)
                 else:
-                    log.debug("swept %d expired result-cache vectors", swept)
+                    log.debug("swept %d expired or retired result-cache vectors", swept)
 
         sweeper = asyncio.get_running_loop().create_task(sweep_forever(), name="result-cache-sweeper")
 

@@ -110,7 +110,31 @@ class ResultCacheSettings(BaseModel):
     similarity: Annotated[float, Field(gt=0, le=1)] = 0.95
     """Least cosine similarity for a semantic hit."""
     ttl_s: Seconds = 3600.0
-    """How long an answer is kept: bounds both its staleness within an epoch and the stores' size."""
+    """How long an answer is kept in Redis and Postgres: bounds both its staleness within an epoch and
+    the stores' size."""
+    ttl_jitter: Annotated[float, Field(ge=0, le=0.5)] = 0.1
+    """Every time to live (L1, Redis, the query vectors) is scaled by a random factor within this
+    fraction either way, so answers kept together do not expire together."""
+    l1_max_entries: Annotated[int, Field(ge=0)] = 10_000
+    """L1, the answers this process holds in memory in front of Redis: at most this many (0: no L1)."""
+    l1_max_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
+    """L1: at most this many bytes of answers and keys; the least recently used go first."""
+    l1_ttl_s: Seconds = 60.0
+    """L1: how long an answer is held (at most `ttl_s`), so a pod's copy outlives Redis's by this at
+    most; an epoch bump drops the old epoch's at once."""
+    flight_timeout_s: Seconds = 30.0
+    """Single flight: identical misses wait this long, at most, for the one request sent to a replica
+    (in this process, or under another pod's Redis lease, which lasts as long), then go to a replica
+    themselves."""
+    flight_poll_s: Seconds = 0.05
+    """Single flight across pods: how often a request waiting on another pod's lease looks for its
+    answer in Redis."""
+    scope_by_user: bool = False
+    """Answers are shared by a tenant's end users unless this is on: then each end user (`user_header`)
+    reads only answers given to the same user, and a request naming no user is not cached (counted as
+    `no_user`)."""
+    user_header: Annotated[str, Field(max_length=128, pattern=r"^[A-Za-z0-9-]*$")] = ""
+    """With `scope_by_user`: the request header naming the end user; empty: the body's `user` field."""
     max_answer_bytes: Annotated[int, Field(ge=1)] = 256 * 1024
     """Larger answers are not kept."""
     max_query_chars: Annotated[int, Field(ge=1)] = 4096

@@ -9,7 +9,7 @@ real traffic reads (design brief, section 7).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pydantic import SecretStr
 
@@ -33,10 +33,16 @@ class TenantDirectory:
 
 
 class EpochBook:
-    """The current epoch of each (tenant, model): 0 until an `epoch.bumped` raises it; never lowered."""
+    """The current epoch of each (tenant, model): 0 until an `epoch.bumped` raises it; never lowered.
+    Watchers (`watch`) are told of every raise, after it."""
 
     def __init__(self) -> None:
         self._epochs: dict[tuple[str, str], int] = {}
+        self._watchers: list[Callable[[str, str, int], None]] = []
+
+    def watch(self, watcher: Callable[[str, str, int], None]) -> None:
+        """Call `watcher(tenant, model, epoch)` on every raise from now on."""
+        self._watchers.append(watcher)
 
     def epoch(self, tenant: str, model: str) -> int:
         return self._epochs.get((tenant, model), 0)
@@ -46,4 +52,6 @@ class EpochBook:
         if epoch <= self.epoch(tenant, model):
             return False
         self._epochs[(tenant, model)] = epoch
+        for watcher in self._watchers:
+            watcher(tenant, model, epoch)
         return True

@@ -203,10 +203,10 @@ def metric_sample(text: str, name: str, **labels: str) -> float:
 
 
 def caching_gateway_settings(
-    kafka_servers: str, engine: EmbeddedVllm, redis_url: str, dsn: str
+    kafka_servers: str, engine: EmbeddedVllm, redis_url: str, dsn: str, **cache: Any
 ) -> tuple[GatewaySettings, dict[str, str]]:
     """A gateway in front of `engine` alone, with both tiers of its result cache on (Redis at `redis_url`,
-    pgvector in `dsn`), and its tenants' keys."""
+    pgvector in `dsn`) and `cache`'s other settings, and its tenants' keys."""
     settings, keys = gateway_settings(kafka_settings(kafka_servers), uuid.uuid4().hex[:8])
     model = engine.model_name
     settings = settings.model_copy(
@@ -214,7 +214,7 @@ def caching_gateway_settings(
             "static_replicas": [StaticReplica(replica="r0", url=engine.base_url, model=model)],
             "redis": RedisSettings(url=SecretStr(redis_url)),
             "postgres": PostgresSettings(url=SecretStr(dsn)),
-            "result_cache": ResultCacheSettings(enabled=True, semantic=True, lookup_timeout_s=2),
+            "result_cache": ResultCacheSettings(enabled=True, semantic=True, lookup_timeout_s=2, **cache),
         }
     )
     return settings, keys

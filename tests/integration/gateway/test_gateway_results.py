@@ -1,13 +1,16 @@
 """The gateway's result cache on real parts: a vLLM engine (CPU), Redis, Postgres with pgvector, the broker.
 
 A repeated greedy request is answered from the cache with the engine's own bytes and never reaches the
-engine; another tenant, a bumped epoch, a sampled or streamed request all go to the engine.
+engine; another tenant, a bumped epoch, a sampled or streamed request all go to the engine. Identical
+requests at once make one engine call, counted by the engine itself.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -51,7 +54,7 @@ async def test_a_repeated_greedy_request_is_answered_from_the_cache_in_its_tenan
         await gateway.parts.results.drain(5)
 
         again = await client.post("/v1/chat/completions", json=body, headers=acme)
-        assert (again.status_code, again.headers["x-warmplane-cache"]) == (200, "exact")
+        assert (again.status_code, again.headers["x-warmplane-cache"]) == (200, "l1")
         assert again.content == first.content
         assert "x-warmplane-replica" not in again.headers
 
@@ -77,9 +80,7 @@ async def test_a_repeated_greedy_request_is_answered_from_the_cache_in_its_tenan
         await engine_served(vllm_engine, before + 5)
 
         metrics = (await client.get(f"{gateway.metrics_url}/metrics")).text
-    assert (
-        metric_sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="exact") == 1
-    )
+    assert metric_sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="l1") == 1
     assert (
         metric_sample(metrics, "warmplane_gateway_result_lookups_total", tenant="acme", outcome="semantic")
         == 1
@@ -90,6 +91,35 @@ async def test_a_repeated_greedy_request_is_answered_from_the_cache_in_its_tenan
     assert (
         metric_sample(metrics, "warmplane_gateway_result_bypass_total", tenant="acme", reason="sampling") == 1
     )
+
+
+async def test_twenty_identical_requests_at_once_make_one_engine_call(
+    embedded_kafka: EmbeddedKafka,
+    embedded_redis: EmbeddedRedis,
+    migrated_database: str,
+    vllm_engine: EmbeddedVllm,
+) -> None:
+    settings, keys = caching_gateway_settings(
+        embedded_kafka.bootstrap_servers, vllm_engine, embedded_redis.url, migrated_database
+    )
+    body = chat_body(random.Random(uuid.uuid4().int), vllm_engine.model_name, max_tokens=32)
+    before = await vllm_requests(vllm_engine)
+    async with (
+        Gateway(settings) as gateway,
+        httpx.AsyncClient(base_url=gateway.url, timeout=TIMEOUT) as client,
+    ):
+        sent = [
+            client.post("/v1/chat/completions", json=body, headers=headers(keys["acme"])) for _ in range(20)
+        ]
+        answers = await asyncio.gather(*sent)
+        assert gateway.parts is not None and gateway.parts.results is not None
+        await gateway.parts.results.drain(5)
+    assert {response.status_code for response in answers} == {200}
+    assert len({response.content for response in answers}) == 1, "every request got the engine's one answer"
+    sources = Counter(response.headers["x-warmplane-cache"] for response in answers)
+    assert sources["miss"] == 1 and set(sources) <= {"miss", "flight", "l1"}, sources
+    await engine_served(vllm_engine, before + 1)
+    assert await vllm_requests(vllm_engine) == before + 1
 
 
 def _shouted(message: dict[str, Any]) -> dict[str, Any]:

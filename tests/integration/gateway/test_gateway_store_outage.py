@@ -43,7 +43,10 @@ async def test_with_its_stores_gone_the_gateway_answers_from_the_engine_and_coun
     stores: tuple[EmbeddedRedis, EmbeddedPostgres, str],
 ) -> None:
     redis, postgres, dsn = stores
-    settings, keys = caching_gateway_settings(embedded_kafka.bootstrap_servers, vllm_engine, redis.url, dsn)
+    # No L1: this test is about the shared stores, which L1 would answer for.
+    settings, keys = caching_gateway_settings(
+        embedded_kafka.bootstrap_servers, vllm_engine, redis.url, dsn, l1_max_entries=0
+    )
     model = vllm_engine.model_name
     rng = random.Random(uuid.uuid4().int)
     body = chat_body(rng, model)

@@ -10,9 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from warmplane.services.gateway.openai_request import ClientRequest, Kind, decode
-from warmplane.services.gateway.result_cache import answer_key
-from warmplane.services.gateway.result_keys import bypass_reason, cache_query, directive
-from warmplane.services.gateway.result_stores import Namespace
+from warmplane.services.gateway.result_keys import (
+    Namespace,
+    bypass_reason,
+    cache_query,
+    directive,
+    end_user,
+)
+from warmplane.services.gateway.result_lookup import answer_key
 from warmplane.services.gateway.text_embedding import NgramEmbedder, cosine
 
 GREEDY = {"model": "m", "temperature": 0}
@@ -36,8 +41,8 @@ def request(kind: Kind = "chat", **body: Any) -> ClientRequest:
     ],
 )
 def test_cache_control_is_read_as_a_result_cache_reads_it(control: str, lookup: bool, keep: bool) -> None:
-    wanted = directive(control)
-    assert (wanted.lookup, wanted.keep) == (lookup, keep)
+    wanted = directive({"cache-control": control})
+    assert (wanted.lookup, wanted.keep, wanted.sampled) == (lookup, keep, False)
 
 
 @pytest.mark.parametrize(
@@ -55,13 +60,35 @@ def test_cache_control_is_read_as_a_result_cache_reads_it(control: str, lookup: 
 def test_only_a_greedy_single_answer_unstreamed_request_is_cacheable(
     body: dict[str, Any], reason: str | None
 ) -> None:
-    assert bypass_reason(request(**body), directive("")) == reason
-    assert bypass_reason(request(**body), directive("no-store")) == "no_store"
+    assert bypass_reason(request(**body), directive({})) == reason
+    assert bypass_reason(request(**body), directive({"cache-control": "no-store"})) == "no_store"
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ({"temperature": 0.7}, None),
+        ({"temperature": 0.7, "seed": 3}, None),
+        ({"temperature": None}, "sampling"),
+        ({"temperature": True}, "sampling"),
+        ({"temperature": 0.7, "stream": True}, "streaming"),
+        ({"temperature": 0.7, "n": 2}, "choices"),
+    ],
+)
+def test_a_sampled_request_is_cacheable_only_when_it_opts_in_and_a_stream_never(
+    body: dict[str, Any], reason: str | None
+) -> None:
+    allow = directive({"x-warmplane-cache": "allow-sampled"})
+    assert allow.sampled
+    assert bypass_reason(request(**body), allow) == reason
+    assert bypass_reason(request(**body), directive({"x-warmplane-cache": "l1"})) is not None
+    sampled = cache_query(request(**body)).exact
+    assert sampled != cache_query(request()).exact, "a sampled answer never answers a greedy request"
 
 
 def test_a_request_without_a_temperature_is_sampled_by_the_engine_so_it_is_not_cached() -> None:
     body = msgspec.json.encode({"model": "m", "prompt": "Once upon a time"})
-    assert bypass_reason(decode(body, "completions"), directive("")) == "sampling"
+    assert bypass_reason(decode(body, "completions"), directive({})) == "sampling"
 
 
 def test_fields_that_do_not_change_the_answer_do_not_change_the_key() -> None:
@@ -111,7 +138,24 @@ def test_answer_keys_separate_tenants_models_and_epochs_whatever_their_names_hol
         answer_key(Namespace("a", "b:c", 2), "j"),
     }
     assert len(keys) == 4
-    assert all(key.startswith("warmplane:results:v1:") for key in keys)
+    assert all(key.startswith("warmplane:results:v2:") for key in keys)
+
+
+def test_scoped_by_user_the_keys_belong_to_one_end_user_and_unscoped_to_the_tenant() -> None:
+    ann, bob = cache_query(request(), "ann"), cache_query(request(), "bob")
+    assert ann.exact != bob.exact and ann.context != bob.context
+    assert cache_query(request(user="someone"), "ann") == ann, "the scope, not the body, names the user"
+    assert cache_query(request(user="ann")) == cache_query(request(user="bob")) == cache_query(request())
+
+
+def test_the_end_user_comes_from_the_named_header_or_else_the_body() -> None:
+    asked = request(user=" ann ")
+    assert end_user(asked, {"x-end-user": "bob"}, "") == "ann"
+    assert end_user(asked, {"x-end-user": "bob"}, "x-end-user") == "bob"
+    assert end_user(asked, {}, "x-end-user") is None
+    assert end_user(request(), {}, "") is None
+    assert end_user(request(user="  "), {}, "") is None
+    assert end_user(request(user=7), {}, "") is None
 
 
 def test_the_embedding_ignores_case_punctuation_and_spacing_and_tells_texts_apart() -> None:
