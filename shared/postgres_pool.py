@@ -13,12 +13,20 @@ from warmplane.shared.settings import PostgresSettings
 async def open_pool(
     postgres: PostgresSettings, *, init: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
 ) -> asyncpg.Pool:
-    """A started pool (the caller closes it): at most `pool_size` connections, each opened within
+    """`new_pool`, started. Raises what asyncpg raises when Postgres cannot be reached."""
+    pool: asyncpg.Pool = await new_pool(postgres, init=init)
+    return pool
+
+
+def new_pool(
+    postgres: PostgresSettings, *, init: Callable[[asyncpg.Connection], Awaitable[None]] | None = None
+) -> asyncpg.Pool:
+    """A pool not yet started (`await pool` starts it; the caller closes it), made on the running event
+    loop, so parts can be wired to it before any I/O: at most `pool_size` connections, each opened within
     `connect_timeout_s`, every statement bounded by `statement_timeout_ms` (by the client and the server),
     and what a connection whose peer vanished holds released after about `peer_timeout_s` (session
     settings, set on each new connection rather than in the startup packet, which poolers such as PgBouncer
-    refuse, and again after each release's reset); `init` runs on each new connection after them. Raises
-    what asyncpg raises when Postgres cannot be reached."""
+    refuse, and again after each release's reset); `init` runs on each new connection after them."""
     session = "; ".join(f"SET {name} = {value}" for name, value in postgres.session_settings().items())
 
     async def prepare(connection: asyncpg.Connection) -> None:
@@ -31,7 +39,7 @@ async def open_pool(
         # server's defaults after a connection's first use: a cut-off planner then held its locks for hours.
         await connection.execute(f"{connection.get_reset_query()}\n{session}")
 
-    pool: asyncpg.Pool = await asyncpg.create_pool(
+    return asyncpg.create_pool(
         postgres.asyncpg_dsn(),
         min_size=1,
         max_size=postgres.pool_size,
@@ -40,4 +48,3 @@ async def open_pool(
         init=prepare,
         reset=reset,
     )
-    return pool
