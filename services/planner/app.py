@@ -1,8 +1,9 @@
 """Wiring the planner: a faststream batch subscriber over the traffic and lifecycle topics.
 
-`build_planner` makes the app from settings; its lifespan owns every resource (the Postgres pool,
-the producer of dead letters and plans, the writer task, the metrics endpoint, the retention sweep, the
-plan catch-up and the liveness watch) and releases them in reverse order. Nothing is created at import time.
+`build_planner` makes the app from settings over the parts `bootstrap` wires; its lifespan starts every
+resource (the Postgres pool, the producer of dead letters and plans, the writer and planning tasks, the
+metrics endpoint, the retention sweep, the plan catch-up and the liveness watch) and releases them in
+reverse order. Nothing is created at import time.
 """
 
 from __future__ import annotations
@@ -29,26 +30,19 @@ from faststream.message import StreamMessage
 from faststream.security import BaseSecurity, SASLPlaintext, SASLScram256, SASLScram512
 from prometheus_client import CollectorRegistry, start_http_server
 
-from warmplane.services.planner.core.node_cache import NodeCache
+from warmplane.services.planner.bootstrap import PlannerParts, bootstrap
 from warmplane.services.planner.fleet_reactions import FleetReactor
 from warmplane.services.planner.ingestor import Ingestor, Offsets, Partition
-from warmplane.services.planner.liveness import LivenessWatch
 from warmplane.services.planner.metrics import PlannerMetrics
-from warmplane.services.planner.pg_fleet import PgFleetStore
-from warmplane.services.planner.pg_liveness import PgLivenessStore
-from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.pg_retention import sweep_history, sweep_paths, sweep_statistics
 from warmplane.services.planner.pg_store import PgIngestStore
 from warmplane.services.planner.plans import PlanIssuer
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
-from warmplane.shared.codec import EventCodec
 from warmplane.shared.consumer_lag import report_lag_forever
-from warmplane.shared.dead_letters import KafkaDeadLetterSink
-from warmplane.shared.event_publisher import KafkaEventPublisher, acknowledging_producer
-from warmplane.shared.event_signing import EventSigner, SignedTopics
+from warmplane.shared.event_publisher import acknowledging_producer
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.kafka_clients import tls_context
-from warmplane.shared.postgres_pool import open_pool
+from warmplane.shared.postgres_pool import new_pool
 from warmplane.shared.schema_check import require_schema_at_head
 from warmplane.shared.settings import KafkaSecurity
 from warmplane.shared.topics import Topics
@@ -105,7 +99,8 @@ def planner_topics(topics: Topics) -> tuple[str, ...]:
 
 
 def build_planner(settings: PlannerSettings) -> Planner:
-    """The planner, wired from `settings`; nothing starts until its app runs."""
+    """The planner, wired from `settings` (`bootstrap`); nothing starts until its app runs. Call it on the
+    event loop it will run on (its Postgres pool is made there)."""
     kafka = settings.kafka
     topics = Topics(kafka.topic_prefix)
     broker = KafkaBroker(
@@ -117,10 +112,19 @@ def build_planner(settings: PlannerSettings) -> Planner:
         # Our logger, under the root's level and handlers (faststream's own prints INFO to stdout).
         logger=log.getChild("broker"),
     )
-    registry = CollectorRegistry()
-    metrics = PlannerMetrics(registry)
-    holder: dict[str, Ingestor] = {}
-    rebalance = _Rebalance(holder)
+    metrics = PlannerMetrics(CollectorRegistry())
+
+    def stop() -> None:  # the writer stopped for good: so does the planner (made below)
+        planner.exit()
+
+    parts = bootstrap(
+        settings,
+        pool=new_pool(settings.postgres, init=PgIngestStore.prepare_session),
+        producer=acknowledging_producer(kafka, "planner-out"),  # dead letters, plans, bumps, liveness
+        metrics=metrics,
+        on_failure=stop,
+    )
+    ingestor = parts.ingestor
     subscriber = broker.subscriber(
         *planner_topics(topics),
         batch=True,
@@ -135,22 +139,19 @@ def build_planner(settings: PlannerSettings) -> Planner:
         heartbeat_interval_ms=kafka.heartbeat_interval_ms,
         parser=_parse_first_record_only,
         decoder=_leave_undecoded,
-        listener=rebalance,
+        listener=_Rebalance(ingestor, lambda: subscriber.consumer),
     )
 
     @subscriber
     async def on_batch(msg: KafkaMessage) -> None:
         records = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
         consumer: AIOKafkaConsumer = msg.consumer
-        await holder["ingestor"].submit(records, KafkaConsumerPort(consumer, kafka.commit_timeout_s))
-
-    rebalance.consumer = lambda: subscriber.consumer
+        await ingestor.submit(records, KafkaConsumerPort(consumer, kafka.commit_timeout_s))
 
     @contextlib.asynccontextmanager
     async def lifespan(context: Any = None) -> AsyncIterator[None]:
         metrics.loop_tasks.watch(asyncio.get_running_loop())
-        async with _resources(settings, topics, metrics, on_failure=planner.exit) as ingestor:
-            holder["ingestor"] = ingestor
+        async with _running(settings, topics, parts):
             lag = asyncio.create_task(
                 report_lag_forever(
                     lambda: subscriber.consumer,
@@ -164,84 +165,42 @@ def build_planner(settings: PlannerSettings) -> Planner:
                 yield
             finally:
                 await _cancel(lag)
-            # faststream stops consuming before the lifespan exits: drain while offsets can commit.
+            # faststream stops consuming before the lifespan exits: drain while offsets can commit, then
+            # plan what the last batches triggered.
             await ingestor.drain()
+            await parts.planning.drain(settings.plans.planning_drain_s)
 
     planner = Planner(FastStream(broker, lifespan=lifespan), metrics)
     return planner
 
 
 @contextlib.asynccontextmanager
-async def _resources(
-    settings: PlannerSettings, topics: Topics, metrics: PlannerMetrics, on_failure: Callable[[], None]
-) -> AsyncIterator[Ingestor]:
-    kafka = settings.kafka
-    await ensure_topics(kafka, topics.all())
+async def _running(settings: PlannerSettings, topics: Topics, parts: PlannerParts) -> AsyncIterator[None]:
+    """The resources started (topics, the pool at the schema's head, the producer, the metrics endpoint)
+    and the parts' tasks running; all stopped in reverse on exit."""
+    await ensure_topics(settings.kafka, topics.all())
+    pool, producer = parts.pool, parts.producer
     async with contextlib.AsyncExitStack() as stack:
-        pool = await open_pool(settings.postgres, init=PgIngestStore.prepare_session)
+        await pool
         stack.push_async_callback(pool.close)
         await require_schema_at_head(pool)
-        producer = acknowledging_producer(kafka, "planner-out")  # dead letters and plans
         await producer.start()
         stack.push_async_callback(producer.stop)
         if settings.metrics_port:
-            server, _thread = start_http_server(settings.metrics_port, registry=metrics.registry)
+            server, _thread = start_http_server(settings.metrics_port, registry=parts.metrics.registry)
             stack.callback(server.shutdown)
-        ingest = settings.ingest
-        store = PgIngestStore(pool, ingest.group_id, settings.statistics.bucket_seconds)
-        codec = EventCodec(kafka.max_event_bytes)
-        signer = EventSigner(settings.event_keys)
-        signer.say_if_off("planner")
-        if settings.routing.mode == "spread":
-            log.info("routing mode spread: each replica is planned for its share of every prefix's traffic")
-        publisher = KafkaEventPublisher(producer, topics, codec, kafka.commit_timeout_s, signer)
-        issuer = PlanIssuer(
-            store=PgPlanStore(pool),
-            publisher=publisher,
-            settings=settings.plans,
-            bucket_seconds=settings.statistics.bucket_seconds,
-            metrics=metrics,
-            ring=settings.routing,
-            max_plan_bytes=kafka.max_event_bytes,
-        )
-        liveness = LivenessWatch(
-            store=PgLivenessStore(pool), publisher=publisher, settings=settings.heartbeat, metrics=metrics
-        )
-        reactor = FleetReactor(
-            issuer=issuer,
-            store=PgFleetStore(pool),
-            publisher=publisher,
-            cold_start=settings.cold_start,
-            bucket_seconds=settings.statistics.bucket_seconds,
-            metrics=metrics,
-            liveness=liveness,
-        )
-        ingestor = Ingestor(
-            codec=codec,
-            signed=SignedTopics(signer, frozenset({topics.lifecycle, topics.heartbeats})),
-            store=store,
-            dead_letters=KafkaDeadLetterSink(
-                producer, topics.dead_letter, ingest.group_id, kafka.commit_timeout_s
-            ),
-            metrics=metrics,
-            node_cache=NodeCache(ingest.node_cache_size, ingest.node_cache_max_age_s),
-            max_payload_bytes=ingest.catalog_max_payload_bytes,
-            window_per_partition=ingest.dedup_window_per_partition,
-            queue_depth=ingest.writer_queue_depth,
-            db_outage_s=ingest.db_outage_s,
-            on_failure=on_failure,
-            after_commit=reactor.after_commit,
-        )
-        ingestor.start()
-        sweeper = asyncio.create_task(_sweep_forever(store, pool, settings), name="planner-retention")
+        parts.ingestor.start()
+        parts.planning.start()
+        stack.push_async_callback(parts.planning.drain, 0)  # cancelled, if the lifespan did not drain it
+        sweeper = asyncio.create_task(_sweep_forever(parts.store, pool, settings), name="planner-retention")
         stack.push_async_callback(_cancel, sweeper)
         catcher = asyncio.create_task(
-            _catch_up_forever(issuer, reactor, settings.plans), name="planner-catch-up"
+            _catch_up_forever(parts.issuer, parts.reactor, settings.plans), name="planner-catch-up"
         )
         stack.push_async_callback(_cancel, catcher)
-        watch = asyncio.create_task(liveness.run_forever(), name="planner-liveness")
+        watch = asyncio.create_task(parts.liveness.run_forever(), name="planner-liveness")
         stack.push_async_callback(_cancel, watch)
-        yield ingestor
+        yield
 
 
 async def _parse_first_record_only(
@@ -288,19 +247,19 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     """Resume each assigned partition where Postgres says this group stands; finish writing what was
     read from revoked partitions before another consumer takes them."""
 
-    def __init__(self, holder: dict[str, Ingestor]) -> None:
-        self._holder = holder
-        self.consumer: Callable[[], AIOKafkaConsumer | None] = lambda: None
+    def __init__(self, ingestor: Ingestor, consumer: Callable[[], AIOKafkaConsumer | None]) -> None:
+        self._ingestor = ingestor
+        self._consumer = consumer
+        """The subscriber's consumer, which exists once the broker started."""
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        if "ingestor" in self._holder:
-            await self._holder["ingestor"].flush()
+        await self._ingestor.flush()
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        consumer = self.consumer()
-        if "ingestor" not in self._holder or consumer is None:
-            raise RuntimeError("partitions assigned before the planner's resources started")
-        positions = await self._holder["ingestor"].restore([(tp.topic, tp.partition) for tp in assigned])
+        consumer = self._consumer()
+        if consumer is None:
+            raise RuntimeError("partitions assigned before the planner's consumer started")
+        positions = await self._ingestor.restore([(tp.topic, tp.partition) for tp in assigned])
         for partition, offset in positions.items():
             consumer.seek(TopicPartition(*partition), offset)
         log.info("resumed %d of %d assigned partitions from Postgres", len(positions), len(assigned))

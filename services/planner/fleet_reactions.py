@@ -1,33 +1,34 @@
-"""The planner's reactions to what a committed batch reports (the ingestor's `after_commit` hook).
+"""The planner's reactions: a handler per trigger type (`core/triggers.py`), run by the planning task
+(`planning.py`) after the trigger's batch committed; `bootstrap.planning_handlers` is their table.
 
-- `replica.started`: plans the replica. A crashed replica that comes back is a new start: it holds
-  nothing (held items count from its latest start on), so it is warmed again in full.
-- `epoch.bumped`: plans the new epoch of (tenant, model) on every live replica, starting ones included.
-- `deploy.started` / `deploy.finished`: for each tenant of the model (or the event's tenant, if set)
-  whose epoch was not bumped for these revisions (`core.deploy_epochs`), raises the epoch, publishes
-  `epoch.bumped` to the lifecycle topic (gateways move their salts; this planner's own copy plans
+- `plan_starts` (`replica.started`): plans the replicas. A crashed replica that comes back is a new start:
+  it holds nothing (held items count from its latest start on), so it is warmed again in full.
+- `plan_bump` (`epoch.bumped`): plans the new epoch of (tenant, model) on every live replica, starting ones
+  included.
+- `apply_deploy` (`deploy.started` / `deploy.finished`): for each tenant of the model (or the event's
+  tenant, if set) whose epoch was not bumped for these revisions (`core.deploy_epochs`), raises the epoch,
+  publishes `epoch.bumped` to the lifecycle topic (gateways move their salts; this planner's own copy plans
   nothing more) and plans the new epoch at once.
-- `fleet.scaled` down: plans the ready replicas again, since the leaving replicas' keys move to them;
-  what they hold is subtracted. Scaled up, it plans nothing: on the ring a ready replica only loses keys
-  to the newcomers, and it is at its busiest (the scale-up is why), so a top-up there would only slow
-  live traffic (`bench.scaleup` showed it: the established replica re-warmed what it had served, at
-  the moment it was saturated). New replicas are planned by their own `replica.started`, which their
-  warmer announces before the engine loads and holds `/ready` on, so they are warm before they take
-  traffic.
-- `replica.draining_started`, `replica.lost`: one replica leaves for good (its pod deleted, or its node
-  lost: `liveness.py`): as for a scale-down, the ready replicas are planned for the keys they take from it.
-- `replica.heartbeat`: handed to the liveness watch, which puts back a replica marked lost that still serves.
-- `replica.rewarm_requested` (the API's re-warm action): plans that replica in full, as if it held
-  nothing, flagged `rewarm` so its warmer warms even what it believes it holds.
-- `warm.finished`: the plan outcomes that stood (the first for each plan) are counted
+- `replan_ready` (`fleet.scaled` down, `replica.draining_started`, `replica.lost`): replicas leave, so the
+  ready replicas take their keys: they are planned for what they lack. Scaled up, nothing is planned: on
+  the ring a ready replica only loses keys to the newcomers, and it is at its busiest (the scale-up is
+  why), so a top-up there would only slow live traffic (`bench.scaleup` showed it). New replicas are
+  planned by their own `replica.started`, which their warmer announces before the engine loads and holds
+  `/ready` on, so they are warm before they take traffic.
+- `hear` (`replica.heartbeat`): to the liveness watch, which puts back a replica marked lost that still
+  serves.
+- `rewarm` (`replica.rewarm_requested`, the API's re-warm action): plans that replica in full, as if it
+  held nothing, flagged `rewarm` so its warmer warms even what it believes it holds.
+- `count_outcomes` (`warm.finished`): the plan outcomes that stood (the first for each plan) are counted
   (`warmplane_planner_plan_outcomes_total{outcome}`).
-- request counts feed the cold-start alarm (`core.cold_start`): when it fires for a model, the alarm is
-  recorded (`cold_start_alarms`), counted (`warmplane_planner_cold_start_alarms_total{model}`) and the
-  model's ready replicas are planned again (only what they lack); when it clears, its row is closed.
+- `judge_cold_starts` (request counts) feeds the cold-start alarm (`core.cold_start`): when it fires for a
+  model, the alarm is recorded (`cold_start_alarms`), counted
+  (`warmplane_planner_cold_start_alarms_total{model}`) and the model's ready replicas are planned again
+  (only what they lack); when it clears, its row is closed.
 
 Every reaction is idempotent on its trigger (plans are unique on (trigger, replica); a bump is a
-compare-and-set on the epoch; one open alarm per model), and never raises: a failure is logged and
-counted, and the batch's counts stand.
+compare-and-set on the epoch; one open alarm per model). One that raises is logged and counted by the
+planning task, and the batch's counts stand.
 """
 
 from __future__ import annotations
@@ -35,35 +36,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from warmplane.services.planner.core.cold_start import (
-    ColdStartMonitor,
-    ColdStartRule,
-    Verdict,
-    model_bucket_counts,
-)
+from warmplane.services.planner.core.cold_start import ColdStartMonitor, ColdStartRule, Verdict
 from warmplane.services.planner.core.deploy_epochs import EpochState, Revisions, deploy_bumps
-from warmplane.services.planner.core.ingest_batch import IngestBatch
+from warmplane.services.planner.core.triggers import (
+    BumpToPlan,
+    DeployToApply,
+    HeartbeatsHeard,
+    OutcomesReported,
+    ReadyToReplan,
+    RequestsCounted,
+    RewarmToPlan,
+    StartsToPlan,
+)
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.plans import PlanIssuer, Wanted
 from warmplane.services.planner.settings import ColdStartSettings
 from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.events import (
-    DeployFinished,
-    DeployStarted,
-    EpochBumped,
-    Event,
-    FleetScaled,
-    ReplicaDrainingStarted,
-    ReplicaHeartbeat,
-    ReplicaLost,
-    ReplicaRewarmRequested,
-    ReplicaStarted,
-    WarmFinished,
-)
+from warmplane.shared.events import DeployFinished, DeployStarted, EpochBumped, Event, ReplicaHeartbeat
 
 log = logging.getLogger(__name__)
 READY = frozenset({"ready"})
@@ -102,7 +95,7 @@ class EventPublisher(Protocol):
 
 
 class FleetReactor:
-    """Reacts to committed batches (module doc); `catch_up` publishes bumps the broker never took."""
+    """The planning task's handlers (module doc); `catch_up` publishes bumps the broker never took."""
 
     def __init__(
         self,
@@ -129,83 +122,58 @@ class FleetReactor:
             ColdStartRule(cold_start.alarm_ratio, cold_start.clear_ratio, sustain, cold_start.min_requests)
         )
 
-    async def after_commit(self, batch: IngestBatch) -> None:
-        """React to `batch` (already committed). Never raises (module doc)."""
-        finished = [r for r in batch.plan_results if isinstance(r, WarmFinished)]
-        if finished:
-            await self._issuer.count_outcomes(finished)
-        starts = [Wanted.start(e) for e in batch.replica_events if isinstance(e, ReplicaStarted)]
-        if starts:
-            await self._issuer.issue_all(starts)
-        for leaving in batch.replica_events:
-            if isinstance(leaving, ReplicaDrainingStarted | ReplicaLost):
-                await self._guarded(self._left(leaving), f"the leaving of {leaving.replica}")
-        if self._liveness is not None:
-            await self._liveness.heard(batch.heartbeats)
-        for change in batch.fleet_changes:
-            await self._guarded(self._react(change), f"{type(change).__name__} {change.event_id}")
-        if self._watch_cold_starts:
-            await self._judge_cold_starts(batch)
+    @property
+    def request_buckets_s(self) -> int | None:
+        """The bucket width request counts are wanted in (`RequestsCounted`); None with the alarm off."""
+        return self._bucket_seconds if self._watch_cold_starts else None
 
-    async def _judge_cold_starts(self, batch: IngestBatch) -> None:
-        models = set()
-        for model, bucket, requests, cold in model_bucket_counts(batch.requests, self._bucket_seconds):
+    async def plan_starts(self, starts: StartsToPlan) -> None:
+        wanted = [Wanted.start(started) for started in starts.starts]
+        await self._issuer.issue_all(wanted, committed_at=starts.committed_at)
+
+    async def plan_bump(self, bumped: BumpToPlan) -> None:
+        await self._issuer.replan(bumped.bump)
+
+    async def apply_deploy(self, deploy: DeployToApply) -> None:
+        await self._deploy(deploy.deploy)
+
+    async def replan_ready(self, leaving: ReadyToReplan) -> None:
+        log.info("%s: planning the ready replicas of %s again", leaving.why, leaving.model)
+        await self._issuer.plan_live(leaving.model, leaving.trigger.event_id, states=READY)
+
+    async def rewarm(self, asked: RewarmToPlan) -> None:
+        request = asked.request
+        plans = await self._issuer.rewarm(request.model.name, request.replica, request.event_id)
+        log.info(
+            "re-warm of %s requested by %s (%s): %s",
+            request.replica,
+            request.producer,
+            request.reason or "no reason given",
+            f"plan {plans[0].plan_id}" if plans else "not live, or already planned for it",
+        )
+
+    async def hear(self, heard: HeartbeatsHeard) -> None:
+        if self._liveness is not None:
+            await self._liveness.heard(heard.beats)
+
+    async def count_outcomes(self, reported: OutcomesReported) -> None:
+        await self._issuer.count_outcomes(reported.results)
+
+    async def judge_cold_starts(self, counted: RequestsCounted) -> None:
+        if not self._watch_cold_starts:
+            return
+        for (model, bucket), (requests, cold) in counted.counts.items():
             self.monitor.observe(model, bucket, requests, cold)
-            models.add(model)
-        for model in sorted(models):
+        for model in sorted({model for model, _ in counted.counts}):
             verdict = self.monitor.judge(model)
             if verdict is None:
                 continue
-            done = await self._guarded(self._alarm(verdict), f"the cold-start alarm of {model}")
-            if not done and verdict.kind == "fired":
-                self.monitor.rearm(model)  # not recorded: the next batch judges it again
-
-    async def _guarded(self, reaction: Awaitable[None], what: str) -> bool:
-        """Await `reaction`; False (logged and counted) if it raised."""
-        try:
-            await reaction
-        except Exception:  # a reaction must not stop ingestion (module doc)
-            self._metrics.plan_failures.inc()
-            log.exception("could not react to %s", what)
-            return False
-        return True
-
-    async def _react(self, change: Event) -> None:
-        if isinstance(change, EpochBumped):
-            await self._issuer.replan(change)
-        elif isinstance(change, DeployStarted | DeployFinished):
-            await self._deploy(change)
-        elif isinstance(change, FleetScaled):
-            grew = change.to_replicas > change.from_replicas
-            log.info(
-                "%s scaled from %d to %d replicas: %s",
-                change.model.name,
-                change.from_replicas,
-                change.to_replicas,
-                "its new replicas are planned as they start" if grew else "planning its ready replicas again",
-            )
-            if not grew:
-                await self._issuer.plan_live(change.model.name, change.event_id, states=READY)
-        elif isinstance(change, ReplicaRewarmRequested):
-            plans = await self._issuer.rewarm(change.model.name, change.replica, change.event_id)
-            log.info(
-                "re-warm of %s requested by %s (%s): %s",
-                change.replica,
-                change.producer,
-                change.reason or "no reason given",
-                f"plan {plans[0].plan_id}" if plans else "not live, or already planned for it",
-            )
-
-    async def _left(self, leaving: ReplicaDrainingStarted | ReplicaLost) -> None:
-        """A replica is leaving for good: the ready replicas take its keys, so plan them for what they lack
-        (as for a scale-down; the event is the trigger, so a redelivered one plans nothing twice)."""
-        log.info(
-            "%s is %s: planning the ready replicas of %s again",
-            leaving.replica,
-            "lost" if isinstance(leaving, ReplicaLost) else "draining",
-            leaving.model.name,
-        )
-        await self._issuer.plan_live(leaving.model.name, leaving.event_id, states=READY)
+            try:
+                await self._alarm(verdict)
+            except Exception:
+                if verdict.kind == "fired":
+                    self.monitor.rearm(model)  # not recorded: the next counts judge it again
+                raise
 
     async def _deploy(self, deploy: DeployStarted | DeployFinished) -> None:
         """Bump the epochs the deploy makes stale, publish the bumps, and plan the new epochs."""

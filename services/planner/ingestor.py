@@ -149,8 +149,8 @@ class Ingestor:
         self._db_outage_s = db_outage_s
         self._on_failure = on_failure
         self._after_commit = after_commit
-        """Called with each batch holding replica events or fleet changes once it committed (the plan
-        issuer)."""
+        """Called with each batch holding records or requests once it committed, before the next batch is
+        written: it hands the batch's triggers to the planning task (`planning.py`) and does not plan."""
         self._clock = clock
         """Seconds, monotonic: how old the node cache's contents are."""
 

@@ -95,6 +95,19 @@ class PlannerMetrics:
             registry=registry,
         )
 
+        self.planning_waiting = Gauge(
+            "warmplane_planner_planning_waiting",
+            "Triggers waiting for the planning task (at most one a key: they coalesce)",
+            registry=registry,
+        )
+        self.planning_seconds = Histogram(
+            "warmplane_planner_planning_seconds",
+            "Time the planning task took over one trigger, by trigger type",
+            ["trigger"],
+            buckets=(0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
+        )
+
     def events_ingested(self, event_type: str | None = None) -> int:
         """Events counted into Postgres so far, of `event_type` or of all types (for in-process progress)."""
         return int(

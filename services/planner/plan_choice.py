@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -122,6 +123,7 @@ class WarmSetChooser:
         bucket_seconds: int,
         max_plan_bytes: int,
         clock: Callable[[], datetime],
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
         self._settings = settings
@@ -145,6 +147,8 @@ class WarmSetChooser:
         self._bucket_seconds = bucket_seconds
         self._max_item_bytes = max_plan_bytes - _ENVELOPE_BYTES
         self._clock = clock
+        self._monotonic = monotonic
+        """When a read began, in the clock of `StartsToPlan.committed_at` (seconds)."""
         self._kept: OrderedDict[tuple[str, str | None], _Statistics] = OrderedDict()
 
     async def choose(
@@ -155,15 +159,16 @@ class WarmSetChooser:
         replicas: Sequence[str],
         *,
         holding_nothing: Collection[str] = (),
-        recent_read: bool = False,
+        read_after: float | None = None,
     ) -> dict[str, Choice]:
         """Each of `replicas`' items for `model`: of `tenant`'s prefixes only if given, each at its tenant's
         current epoch (at least `epoch` for `tenant`), minus what each holds (nothing for those in
-        `holding_nothing`: a requested re-warm). With `recent_read`, the counts as read at most
-        `statistics_max_age_s` ago will do (replicas starting one after another); without it they are
-        read now (a re-plan is asked for because the knowledge changed). Raises what the store raises."""
+        `holding_nothing`: a requested re-warm). With `read_after` (monotonic seconds), a read of the counts
+        begun after it and at most `statistics_max_age_s` ago will do (replicas starting one after another,
+        whose batches had committed by `read_after`); without it they are read now (a re-plan is asked for
+        because the knowledge changed). Raises what the store raises."""
         now = self._clock()
-        view = await self._read(model, tenant, epoch, now, recent_read=recent_read)
+        view = await self._read(model, tenant, epoch, now, read_after=read_after)
         asked = [replica for replica in replicas if replica not in holding_nothing]
         holdings = await asyncio.gather(*(self._store.held(replica) for replica in asked))
         resident = {
@@ -210,10 +215,10 @@ class WarmSetChooser:
         }
 
     async def _read(
-        self, model: str, tenant: str | None, epoch: int, now: datetime, *, recent_read: bool
+        self, model: str, tenant: str | None, epoch: int, now: datetime, *, read_after: float | None
     ) -> _ModelView:
         """What every replica's choice shares: the trie at `now`, scopes, epochs, live replicas."""
-        known = await self._statistics(model, tenant, now, recent_read=recent_read)
+        known = await self._statistics(model, tenant, now, read_after=read_after)
         epochs = await self._store.current_epochs(model)
         if tenant is not None:
             epochs[tenant] = max(epochs.get(tenant, 0), epoch)
@@ -221,26 +226,41 @@ class WarmSetChooser:
         return _ModelView(known, epochs, live)
 
     async def _statistics(
-        self, model: str, tenant: str | None, now: datetime, *, recent_read: bool
+        self, model: str, tenant: str | None, now: datetime, *, read_after: float | None
     ) -> _Statistics:
         """The trie of `model`'s counts (of `tenant`'s scopes, if given) and what goes with it, read now,
-        or with `recent_read` read at most `statistics_max_age_s` ago: replicas planned one after
-        another, as a rolling deploy starts them, share one read (building a trie of 50,000 prefixes
-        takes about 0.7 s of the planner's writer). A kept trie is decayed to `now` when asked; only
-        counts younger than it are not in it. Every read is kept for the next."""
+        or with `read_after` one begun after it and at most `statistics_max_age_s` ago: replicas planned
+        one after another share one read (building a trie of 50,000 prefixes takes about 0.7 s). A kept
+        trie is decayed to `now` when asked; only counts younger than it are not in it, and those are
+        younger than `read_after`. Every read is kept for the next. The trie is built in a worker
+        thread: ingestion, on the event loop, goes on meanwhile."""
         key = (model, tenant)
         max_age = timedelta(seconds=self._settings.statistics_max_age_s)
         for aged in [k for k, read in self._kept.items() if not read.read_at <= now < read.read_at + max_age]:
             del self._kept[aged]  # a trie of a large model is big: none is held past its use
         kept = self._kept.get(key)
-        if recent_read and kept is not None:
+        if read_after is not None and kept is not None and kept.begun > read_after:
             self._kept.move_to_end(key)
             return kept
+        begun = self._monotonic()
         horizon = weight_horizon_s(self._settings.half_life_s, self._settings.frequency_half_life_s)
         since = now - min(timedelta(hours=self._settings.window_hours), timedelta(seconds=horizon))
         stats = await self._store.statistics(model, int(since.timestamp()) // self._bucket_seconds)
         names = await self._store.scope_names(sorted({scope for scope, _ in stats.prefixes}))
         scope_of = _scopes_by_prefix(stats, names, tenant)
+        trie, calibration = await asyncio.to_thread(self._build, stats, scope_of, now, model)
+        renderable = {prefix for prefix, scope in scope_of.items() if (scope, prefix) in stats.catalogued}
+        read = _Statistics(now, begun, trie, scope_of, names, renderable, calibration)
+        if max_age:
+            self._kept[key] = read
+            if len(self._kept) > _STATISTICS_KEPT:
+                self._kept.popitem(last=False)
+        return read
+
+    def _build(
+        self, stats: ModelStatistics, scope_of: dict[int, int], now: datetime, model: str
+    ) -> tuple[PrefixTrie, ReuseCalibration]:
+        """The trie of `stats` at `now` and its calibration (pure: run in a worker thread)."""
         half = self._bucket_seconds / 2
         prefixes = [prefix for scope, prefix in stats.prefixes if scope_of.get(prefix.prefix_id) == scope]
         counts = [
@@ -257,14 +277,7 @@ class WarmSetChooser:
         )
         if left_out:
             log.warning("%d leaves of %s left out of the trie (unknown chain or bad tokens)", left_out, model)
-        calibration = fit_calibration(prefixes, counts, now.timestamp(), self._knobs)
-        renderable = {prefix for prefix, scope in scope_of.items() if (scope, prefix) in stats.catalogued}
-        read = _Statistics(now, trie, scope_of, names, renderable, calibration)
-        if max_age:
-            self._kept[key] = read
-            if len(self._kept) > _STATISTICS_KEPT:
-                self._kept.popitem(last=False)
-        return read
+        return trie, fit_calibration(prefixes, counts, now.timestamp(), self._knobs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +285,8 @@ class _Statistics:
     """A model's statistics as read at `read_at`: its trie and the scopes and renderable prefixes."""
 
     read_at: datetime
+    begun: float
+    """When the read began (`WarmSetChooser._monotonic`): counts committed before it are in it."""
     trie: PrefixTrie
     scope_of: dict[int, int]
     names: dict[int, tuple[str, str]]

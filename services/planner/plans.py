@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -106,10 +107,13 @@ class PlanIssuer:
         for result in standing:
             self._metrics.plan_outcomes.labels(plan_state(result)).inc()
 
-    async def issue(self, started: ReplicaStarted) -> WarmPlanIssued | None:
+    async def issue(
+        self, started: ReplicaStarted, *, committed_at: float = -math.inf
+    ) -> WarmPlanIssued | None:
         """Choose, record and publish the plan `started` triggers; None if one was already recorded
-        (or it could not be: logged and counted). A plan recorded but not published is returned."""
-        plans = await self.issue_all([Wanted.start(started)])
+        (or it could not be: logged and counted). A plan recorded but not published is returned.
+        `committed_at`: as for `issue_all` (by default, before any read this issuer keeps)."""
+        plans = await self.issue_all([Wanted.start(started)], committed_at=committed_at)
         return plans[0] if plans else None
 
     async def replan(self, bump: EpochBumped) -> list[WarmPlanIssued]:
@@ -155,10 +159,15 @@ class PlanIssuer:
             ]
         )
 
-    async def issue_all(self, wanted: Sequence[Wanted]) -> list[WarmPlanIssued]:
+    async def issue_all(
+        self, wanted: Sequence[Wanted], *, committed_at: float | None = None
+    ) -> list[WarmPlanIssued]:
         """Choose once per (model, tenant, epoch) for all its replicas, record each plan, then publish them
         all at once: many replicas starting together wait for one read and one round of acknowledgements.
-        Never raises: a failure is logged and counted, and later work (catch-up, the next trigger) plans."""
+        `committed_at` (monotonic seconds): when the batches of the starts `wanted` answers had committed;
+        a group of starts only may then share a read of the counts begun after it; without it, or for a
+        re-plan, the counts are read now. Never raises: a failure is logged and counted, and later work
+        (catch-up, the next trigger) plans."""
         groups: dict[tuple[str, str | None, int], list[Wanted]] = {}
         for want in wanted:
             groups.setdefault((want.target.model.name, want.tenant, want.epoch), []).append(want)
@@ -172,9 +181,9 @@ class PlanIssuer:
                     [w.target.replica for w in group],
                     holding_nothing={w.target.replica for w in group if w.target.rewarm},
                     # Starts one after another share a recent read; a re-plan reads what changed.
-                    recent_read=all(w.target.answers_start for w in group),
+                    read_after=committed_at if all(w.target.answers_start for w in group) else None,
                 )
-            except Exception:  # a plan must not stop ingestion; later work re-plans (module doc)
+            except Exception:  # one group failing must not stop the others; later work re-plans (module doc)
                 self._metrics.plan_failures.inc(len(group))
                 log.exception("could not choose plans of %s for %d replicas", model, len(group))
                 continue

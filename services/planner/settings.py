@@ -108,9 +108,16 @@ class PlanSettings(BaseModel):
     2 ** -12: reading 24 hours would read ten times the buckets for the same plans."""
     statistics_max_age_s: Annotated[float, Field(ge=0, le=300)] = 10.0
     """Plans of starting replicas chosen within this long of one read of a model's counts share it (a
-    rolling deploy starts replica after replica; each read builds the model's trie); counts younger
-    than the read wait for the next. Re-plans (a bump, an alarm, a fleet change) always read. 0 reads
-    for every plan."""
+    rolling deploy starts replica after replica; each read builds the model's trie), if the read began
+    after their starts' batches committed; counts younger than the read wait for the next. Re-plans (a
+    bump, an alarm, a fleet change) always read. 0 reads for every plan."""
+    planning_queue_depth: Annotated[int, Field(gt=0, le=1_000_000)] = 1_024
+    """Triggers (`core/triggers.py`) waiting for the planning task at most. They coalesce, one a key (model,
+    tenant and model, replica, deploy), so this bounds distinct keys, not traffic; when it is reached the
+    ingest writer waits for room (`planning.py`)."""
+    planning_drain_s: Annotated[float, Field(ge=0, le=120)] = 10.0
+    """At shutdown, how long the planning task may go on handling what waits once ingestion has drained;
+    what is left then is the catch-up's (starts) or lost (re-plans of running replicas)."""
     catch_up_interval_s: Annotated[float, Field(gt=0)] = 10.0
     """How often unpublished plans are published again and unplanned starts planned."""
     catch_up_grace_s: Annotated[float, Field(gt=0)] = 5.0

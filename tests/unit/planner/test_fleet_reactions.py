@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from tests.unit.planner.memory_planner import BUCKET, MODEL, NOW, MemoryFleet, MemoryPlans, Published
+from tests.unit.planner.planning_run import react
 from warmplane.services.planner.core.cold_start import ColdStartMonitor, ColdStartRule, model_bucket_counts
 from warmplane.services.planner.core.deploy_epochs import EpochState, Revisions, deploy_bumps
 from warmplane.services.planner.core.ingest_batch import IngestBatch, RequestColumns
@@ -142,7 +143,7 @@ def test_a_deploy_bumps_every_tenant_once_publishes_the_bumps_and_plans_the_new_
     store, fleet_store, published, metrics, reactor = fleet()
     started = deploy(DeployStarted, "w2", ["p1"])
     finished = deploy(DeployFinished, "w2", ["p1"])
-    asyncio.run(reactor.after_commit(IngestBatch(fleet_changes=[started, finished, started])))
+    asyncio.run(react(reactor, IngestBatch(fleet_changes=[started, finished, started])))
 
     assert store.epochs == {("tenant-1", "m"): 1, ("tenant-2", "m"): 1}
     bumps: list[Event] = [e for e in published.events if isinstance(e, EpochBumped)]
@@ -161,21 +162,17 @@ def test_a_deploy_bumps_every_tenant_once_publishes_the_bumps_and_plans_the_new_
     assert metrics.epoch_bumps.labels(reason="deploy")._value.get() == 2
 
     # Its own bumps coming back through the lifecycle topic plan nothing more.
-    asyncio.run(reactor.after_commit(IngestBatch(fleet_changes=bumps)))
+    asyncio.run(react(reactor, IngestBatch(fleet_changes=bumps)))
     assert len(published.plans) == 2
     # A prompt revision of one tenant bumps that tenant only.
-    asyncio.run(
-        reactor.after_commit(IngestBatch(fleet_changes=[deploy(DeployStarted, "w2", ["p2"], "tenant-2")]))
-    )
+    asyncio.run(react(reactor, IngestBatch(fleet_changes=[deploy(DeployStarted, "w2", ["p2"], "tenant-2")])))
     assert store.epochs == {("tenant-1", "m"): 1, ("tenant-2", "m"): 2}
 
 
 def test_a_bump_the_broker_did_not_take_is_published_by_catch_up() -> None:
     _store, _fleet, published, _metrics, reactor = fleet()
     published.down = True
-    asyncio.run(
-        reactor.after_commit(IngestBatch(fleet_changes=[deploy(DeployStarted, "w2", [], "tenant-1")]))
-    )
+    asyncio.run(react(reactor, IngestBatch(fleet_changes=[deploy(DeployStarted, "w2", [], "tenant-1")])))
     assert published.events == [] and published.plans == []
     published.down = False
     assert asyncio.run(reactor.catch_up(0.0)) == 0  # recorded at NOW: not older than NOW
@@ -193,7 +190,7 @@ def test_scaling_down_plans_ready_replicas_for_what_they_lack_only_and_scaling_u
         event_id=new_event_id(), occurred_at=NOW, producer="k8s", model=MODEL, from_replicas=1, to_replicas=2
     )
     store.holding = {"r": [HeldItem(5, "tenant-1", 0)]}
-    asyncio.run(reactor.after_commit(IngestBatch(fleet_changes=[scaled])))
+    asyncio.run(react(reactor, IngestBatch(fleet_changes=[scaled])))
     # The starting replica waits for its start's plan; the ready one only loses keys to it: no plan,
     # though the planner does not know that r holds 6.
     assert published.plans == []
@@ -201,14 +198,14 @@ def test_scaling_down_plans_ready_replicas_for_what_they_lack_only_and_scaling_u
     down = FleetScaled(
         event_id=new_event_id(), occurred_at=NOW, producer="k8s", model=MODEL, from_replicas=2, to_replicas=1
     )
-    asyncio.run(reactor.after_commit(IngestBatch(fleet_changes=[down])))
+    asyncio.run(react(reactor, IngestBatch(fleet_changes=[down])))
     assert [(p.replica, [i.prefix_id for i in p.items]) for p in published.plans] == [("r", [6])]
     published.plans.clear()
     store.holding = {"r": [HeldItem(5, "tenant-1", 0), HeldItem(6, "tenant-2", 0)]}
     again = FleetScaled(
         event_id=new_event_id(), occurred_at=NOW, producer="k8s", model=MODEL, from_replicas=3, to_replicas=2
     )
-    asyncio.run(reactor.after_commit(IngestBatch(fleet_changes=[again])))
+    asyncio.run(react(reactor, IngestBatch(fleet_changes=[again])))
     assert published.plans == []  # it holds everything: no plan
 
 
@@ -227,11 +224,11 @@ def test_a_draining_replica_s_keys_are_planned_on_the_ready_replicas_that_take_t
         node="node-s",
     )
 
-    asyncio.run(reactor.after_commit(IngestBatch(replica_events=[drain])))
+    asyncio.run(react(reactor, IngestBatch(replica_events=[drain])))
 
     assert [(p.replica, [i.prefix_id for i in p.items]) for p in published.plans] == [("r", owned_by_s)]
     published.plans.clear()
-    asyncio.run(reactor.after_commit(IngestBatch(replica_events=[drain])))  # redelivered
+    asyncio.run(react(reactor, IngestBatch(replica_events=[drain])))  # redelivered
     assert published.plans == []
 
 
@@ -248,13 +245,13 @@ def test_a_requested_rewarm_plans_that_replica_in_full_and_flags_the_plan() -> N
         )
 
     request = rewarm("s")
-    asyncio.run(reactor.after_commit(IngestBatch(fleet_changes=[request, rewarm("gone")])))
+    asyncio.run(react(reactor, IngestBatch(fleet_changes=[request, rewarm("gone")])))
     # It holds both, yet gets its whole share again; a replica that is not live gets nothing.
     [plan] = published.plans
     assert (plan.replica, plan.rewarm, [i.prefix_id for i in plan.items]) == ("s", True, owned)
     assert plan.trigger_event_id is None
     published.plans.clear()
-    asyncio.run(reactor.after_commit(IngestBatch(fleet_changes=[request])))
+    asyncio.run(react(reactor, IngestBatch(fleet_changes=[request])))
     assert published.plans == []  # the same request again: already planned for it
 
 
@@ -274,17 +271,17 @@ def cold_batch(bucket: int, requests: int, cold: int) -> IngestBatch:
 def test_a_cold_start_alarm_is_recorded_counted_and_re_plans_once_per_episode() -> None:
     _store, fleet_store, published, metrics, reactor = fleet()
     for bucket in range(BUCKET - 6, BUCKET):
-        asyncio.run(reactor.after_commit(cold_batch(bucket, 20, 15)))
+        asyncio.run(react(reactor, cold_batch(bucket, 20, 15)))
     [alarm] = fleet_store.alarms
     assert (alarm["model"], alarm["requests"], alarm["cold"], alarm["planned"]) == (MODEL.name, 100, 75, 1)
     assert metrics.cold_start_alarms.labels(model=MODEL.name)._value.get() == 1
     [plan] = published.plans
     assert plan.replica == "r" and {i.prefix_id for i in plan.items} == {5, 6}
     for bucket in range(BUCKET, BUCKET + 6):  # still high: not re-fired
-        asyncio.run(reactor.after_commit(cold_batch(bucket, 20, 15)))
+        asyncio.run(react(reactor, cold_batch(bucket, 20, 15)))
     assert len(fleet_store.alarms) == 1 and len(published.plans) == 1
-    asyncio.run(reactor.after_commit(cold_batch(BUCKET + 6, 20, 1)))
-    asyncio.run(reactor.after_commit(cold_batch(BUCKET + 7, 20, 1)))
+    asyncio.run(react(reactor, cold_batch(BUCKET + 6, 20, 1)))
+    asyncio.run(react(reactor, cold_batch(BUCKET + 7, 20, 1)))
     assert alarm["cleared_at"] == NOW
 
 
@@ -297,10 +294,10 @@ def test_an_alarm_that_could_not_be_recorded_fires_again_on_the_next_batch() -> 
 
     fleet_store.open_alarm = refuse  # type: ignore[method-assign]
     for bucket in range(BUCKET - 6, BUCKET):
-        asyncio.run(reactor.after_commit(cold_batch(bucket, 20, 15)))
+        asyncio.run(react(reactor, cold_batch(bucket, 20, 15)))
     assert fleet_store.alarms == [] and metrics.plan_failures._value.get() == 1
     fleet_store.open_alarm = working  # type: ignore[method-assign]
-    asyncio.run(reactor.after_commit(cold_batch(BUCKET, 20, 15)))
+    asyncio.run(react(reactor, cold_batch(BUCKET, 20, 15)))
     assert len(fleet_store.alarms) == 1 and len(published.plans) == 1
 
 
@@ -311,7 +308,7 @@ def test_a_disabled_alarm_watches_nothing() -> None:
         cold_start=ColdStartSettings(enabled=False), bucket_seconds=60, metrics=metrics, clock=lambda: NOW,
     )  # fmt: skip
     for bucket in range(BUCKET - 6, BUCKET + 1):
-        asyncio.run(quiet.after_commit(cold_batch(bucket, 20, 20)))
+        asyncio.run(react(quiet, cold_batch(bucket, 20, 20)))
     assert fleet_store.alarms == [] and not quiet.monitor.firing(MODEL.name)
 
 

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from prometheus_client import CollectorRegistry
 
 from tests.unit.planner.memory_planner import BUCKET, MODEL, NOW, MemoryFleet, MemoryPlans, Published
+from tests.unit.planner.planning_run import react
 from warmplane.services.planner.core.ingest_batch import IngestBatch
 from warmplane.services.planner.fleet_reactions import FleetReactor
 from warmplane.services.planner.metrics import PlannerMetrics
@@ -113,7 +114,7 @@ def test_started_replicas_get_one_plan_each_and_other_transitions_none() -> None
     start = replica_event(ReplicaStarted, None)
     batch = IngestBatch(replica_events=[start, replica_event(ReplicaBecameReady, 4), start])
     run = issuer(store, published, metrics)
-    asyncio.run(reactor(run, store, published, metrics).after_commit(batch))
+    asyncio.run(react(reactor(run, store, published, metrics), batch))
 
     [plan] = published.plans
     # By reuse probability: 8 (9 requests), then 5 (3); 6's one request is below the least probability.
@@ -165,7 +166,7 @@ def test_a_failing_store_is_counted_and_never_raised() -> None:
     store.fail = True
     batch = IngestBatch(replica_events=[replica_event(ReplicaStarted, 2)])
     run = issuer(store, published, metrics)
-    asyncio.run(reactor(run, store, published, metrics).after_commit(batch))
+    asyncio.run(react(reactor(run, store, published, metrics), batch))
     assert published.plans == [] and store.rows == {}
     assert metrics.plan_failures._value.get() == 1
 
@@ -182,9 +183,9 @@ def test_an_epoch_bump_plans_the_tenants_prefixes_on_every_live_replica_once() -
         event_id=new_event_id(), occurred_at=NOW, producer="api", tenant="tenant-1", model=MODEL, epoch=7
     )
     run = issuer(store, published, metrics)
-    react = reactor(run, store, published, metrics)
-    asyncio.run(react.after_commit(IngestBatch(fleet_changes=[bump])))
-    asyncio.run(react.after_commit(IngestBatch(fleet_changes=[bump])))  # redelivered: nothing more
+    fleet_reactor = reactor(run, store, published, metrics)
+    asyncio.run(react(fleet_reactor, IngestBatch(fleet_changes=[bump])))
+    asyncio.run(react(fleet_reactor, IngestBatch(fleet_changes=[bump])))  # redelivered: nothing more
 
     # Tenant-1's one prefix goes to its ring owner among the live replicas (the draining one is out);
     # the other replica would warm nothing for this bump, so it gets no plan.
