@@ -4,8 +4,8 @@
 single flight across pods: a lease is a key set only if absent (`SET ... NX PX`), naming its holder, so
 that it is released by its holder alone and dies by its deadline if the holder does. `QueryIndex` finds,
 within one (tenant, model, epoch, vector space, request context), the stored query nearest to a
-vector (pgvector's cosine distance `<=>`, table `result_queries`, migration 0008) and names the answer
-it points to. It keeps one row per answer and vector space (an answer kept again renews its row);
+vector (pgvector's cosine distance `<=>`, table `result_queries`, migrations 0008 and 0014) and names
+the answer it points to. It keeps one row per answer and vector space (an answer kept again renews its row);
 rows past `expires_at` are never returned and are deleted by `sweep`, rows of a retired epoch by
 `retire`. Both raise what their client
 raises (`redis.RedisError`, `OSError`, `asyncpg.PostgresError`, `TimeoutError`): the caller decides
@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from warmplane.services.gateway.embedders import MINILM_SPACE
 from warmplane.services.gateway.result_keys import Namespace
 from warmplane.shared.settings import RedisSettings
 
@@ -127,13 +128,30 @@ def _ms(seconds: float) -> int:
     return max(int(seconds * 1000), 1)
 
 
+HNSW_SPACES = {MINILM_SPACE: 384}
+"""The vector spaces with an HNSW index (migration 0014), and the dimension it was built for."""
 _NEAREST = """
-SELECT answer_key, 1 - (embedding <=> $6::text::vector) AS similarity
+SELECT answer_key, 1 - (embedding{cast} <=> $6::text::vector{cast}) AS similarity
 FROM result_queries
-WHERE tenant = $1 AND model = $2 AND epoch = $3 AND space = $4 AND context = $5 AND expires_at > now()
-ORDER BY embedding <=> $6::text::vector
+WHERE tenant = $1 AND model = $2 AND epoch = $3 AND space = $4 AND context = $5 AND expires_at > now(){only}
+ORDER BY embedding{cast} <=> $6::text::vector{cast}
 LIMIT 1
 """
+_ITERATIVE = "SET hnsw.iterative_scan = strict_order"
+"""An HNSW scan goes on past the first candidates until rows of the namespace turn up, in order (pgvector
+0.8): without it, a namespace that is a small part of the space would find nothing. Per session: the pool
+resets sessions on release."""
+
+
+def nearest_query(space: str) -> str:
+    """The nearest-row query of `space`: for a space with an HNSW index, in the terms of its expression and
+    predicate (a cast to its dimension; the space named in the text), so the planner may use it."""
+    dimensions = HNSW_SPACES.get(space)
+    if dimensions is None:
+        return _NEAREST.format(cast="", only="")
+    return _NEAREST.format(cast=f"::vector({dimensions})", only=f" AND space = '{space}'")
+
+
 _ADD = """
 INSERT INTO result_queries (tenant, model, epoch, space, context, embedding, answer_key, expires_at)
 VALUES ($1, $2, $3, $4, $5, $6::text::vector, $7, now() + make_interval(secs => $8))
@@ -152,14 +170,23 @@ DELETE FROM result_queries WHERE ctid = ANY (ARRAY(
 
 
 class PgQueryIndex:
-    """Exact nearest-neighbour search over the rows of one namespace and context (a btree narrows
-    them first): no approximate index, so a semantic hit is never missed for recall's sake."""
+    """Nearest-neighbour search over the rows of one namespace and context: exact where a btree narrows
+    them to few, approximate (HNSW) for a large namespace of a space in `HNSW_SPACES`, as the planner
+    chooses. An approximate search may miss a nearer row (a miss, never a wrong answer: the similarity
+    threshold still holds)."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
+        self._queries: dict[str, str] = {}
 
     async def nearest(self, scope: QueryScope, vector: list[float]) -> tuple[str, float] | None:
-        row = await self._pool.fetchrow(_NEAREST, *scope.parameters(), _literal(vector))
+        query = self._queries.get(scope.space)
+        if query is None:
+            query = self._queries[scope.space] = nearest_query(scope.space)
+        async with self._pool.acquire() as connection:
+            if scope.space in HNSW_SPACES:
+                await connection.execute(_ITERATIVE)
+            row = await connection.fetchrow(query, *scope.parameters(), _literal(vector))
         return None if row is None else (row["answer_key"], float(row["similarity"]))
 
     async def add(self, scope: QueryScope, vector: list[float], key: str, ttl_s: float) -> None:
