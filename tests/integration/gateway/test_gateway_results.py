@@ -17,7 +17,6 @@ import httpx
 
 from tests.integration.gateway_harness import (
     TIMEOUT,
-    caching_gateway_settings,
     chat_body,
     engine_served,
     headers,
@@ -25,19 +24,14 @@ from tests.integration.gateway_harness import (
     vllm_requests,
 )
 from warmplane.services.gateway.service import Gateway
-from warmplane.shared.embedded import EmbeddedKafka, EmbeddedRedis
+from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm
 
 
 async def test_a_repeated_greedy_request_is_answered_from_the_cache_in_its_tenant_and_epoch_only(
-    embedded_kafka: EmbeddedKafka,
-    embedded_redis: EmbeddedRedis,
-    migrated_database: str,
-    vllm_engine: EmbeddedVllm,
+    caching_gateway: tuple[GatewaySettings, dict[str, str]], vllm_engine: EmbeddedVllm
 ) -> None:
-    settings, keys = caching_gateway_settings(
-        embedded_kafka.bootstrap_servers, vllm_engine, embedded_redis.url, migrated_database
-    )
+    settings, keys = caching_gateway
     model = vllm_engine.model_name
     rng = random.Random(uuid.uuid4().int)
     body = chat_body(rng, model)
@@ -94,14 +88,9 @@ async def test_a_repeated_greedy_request_is_answered_from_the_cache_in_its_tenan
 
 
 async def test_twenty_identical_requests_at_once_make_one_engine_call(
-    embedded_kafka: EmbeddedKafka,
-    embedded_redis: EmbeddedRedis,
-    migrated_database: str,
-    vllm_engine: EmbeddedVllm,
+    caching_gateway: tuple[GatewaySettings, dict[str, str]], vllm_engine: EmbeddedVllm
 ) -> None:
-    settings, keys = caching_gateway_settings(
-        embedded_kafka.bootstrap_servers, vllm_engine, embedded_redis.url, migrated_database
-    )
+    settings, keys = caching_gateway
     body = chat_body(random.Random(uuid.uuid4().int), vllm_engine.model_name, max_tokens=32)
     before = await vllm_requests(vllm_engine)
     async with (
