@@ -35,11 +35,14 @@ def derive_cache_salt(tenant_secret: SecretStr | bytes, tenant: str, model: str,
     """The ``cache_salt`` for ``tenant``'s requests to ``model`` in ``epoch``.
 
     ``epoch`` is the (tenant, model) epoch, a non-negative integer. Raises ``ValueError`` (naming no
-    secret) for an empty secret or a negative epoch.
+    secret) for an empty secret, one ending in a NUL byte (HMAC would take it for the same key without
+    it, so two tenants' salts could meet), or a negative epoch.
     """
     key = tenant_secret.get_secret_value().encode() if isinstance(tenant_secret, SecretStr) else tenant_secret
     if not key:
         raise ValueError("the tenant secret must not be empty")
+    if key.endswith(b"\0"):  # HMAC pads a short key with zero bytes: b"k" and b"k\0" would be one key
+        raise ValueError("the tenant secret must not end in a NUL byte")
     if epoch < 0:
         raise ValueError(f"epoch must be non-negative, got {epoch}")
     message = _canonical.encode((_DOMAIN, tenant, model, epoch))
