@@ -12,3 +12,9 @@ each with its time to live, in the form of `services/gateway/answer_record.py` (
 RESULT_LEASES = "warmplane:results:lease:v1:"
 """Single-flight leases across gateway pods: `RESULT_LEASES + the answer key's hex digest`, naming the
 holding request, with the flight's deadline as time to live."""
+
+RESULT_HOT = "warmplane:results:hot:v1:"
+"""The result cache's record of asked-for answers: `RESULT_HOT + namespace digest + ":" + hour`, a sorted
+set of answer keys by asks in that hour, kept 25 hours (`services/gateway/result_warming.py`)."""
+RESULT_HOT_SPACES = "warmplane:results:hot:v1:spaces"
+"""The namespaces the record holds: namespace digest -> JSON [tenant, model, epoch]."""

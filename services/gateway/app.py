@@ -80,7 +80,9 @@ def bootstrap(
     if stores is not None:
         if embedder is None:
             embedder = NgramEmbedder(settings.result_cache.embedding_dimensions)
-        results = ResultCache(settings.result_cache, stores.answers, stores.index, embedder, metrics)
+        results = ResultCache(
+            settings.result_cache, stores.answers, stores.index, embedder, metrics, hot=stores.hot
+        )
         epochs.watch(results.epoch_bumped)
     options = settings.gateway
     observer = Observer(

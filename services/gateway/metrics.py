@@ -104,6 +104,12 @@ class GatewayMetrics:
             [*tm, "outcome"],
             registry=registry,
         )
+        self.result_warmed = Counter(
+            "warmplane_gateway_result_warmed",
+            "Answers held in L1 by warming: the most asked of the last 24 hours, at start and after a bump",
+            ["model"],
+            registry=registry,
+        )
         self.result_embedding_failures = Counter(
             "warmplane_gateway_result_embedding_failures",
             "Queries whose embedding failed (error) or took longer than the embedding timeout (timeout):"

@@ -44,6 +44,7 @@ from warmplane.services.gateway.openai_request import ClientRequest
 from warmplane.services.gateway.result_keys import Namespace, bypass_reason, cache_query, directive, end_user
 from warmplane.services.gateway.result_lookup import Hit, Lookup, answer_key
 from warmplane.services.gateway.result_stores import AnswerStore, QueryIndex
+from warmplane.services.gateway.result_warming import HotPrompts
 from warmplane.services.gateway.semantic_tier import SemanticTier
 from warmplane.services.gateway.settings import ResultCacheSettings
 from warmplane.services.gateway.single_flight import Flights, Leases
@@ -56,7 +57,7 @@ _STORE_ERRORS = (redis.RedisError, OSError, asyncpg.PostgresError, TimeoutError)
 
 class ResultCache:
     """`index` is None when the semantic tier is off. `monotonic` times L1 and flights; `rng` draws the
-    jitter."""
+    jitter; `hot` records what is asked for, for warming (`result_warming.py`; None: no warming)."""
 
     def __init__(
         self,
@@ -68,6 +69,7 @@ class ResultCache:
         *,
         monotonic: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        hot: HotPrompts | None = None,
     ) -> None:
         self._settings = settings
         self._answers = answers
@@ -78,6 +80,7 @@ class ResultCache:
         self._monotonic = monotonic
         self._uniform = (rng if rng is not None else random.Random()).uniform
         self._l1 = AnswerLru(settings.l1_max_entries, settings.l1_max_bytes)
+        self._hot = hot if settings.warm_entries > 0 else None
         self._flights = Flights()
         self._leases = Leases(answers, settings.flight_poll_s, monotonic)
         self._user_header = settings.user_header.lower()
@@ -101,6 +104,8 @@ class ResultCache:
         namespace = Namespace(tenant, request.model, epoch)
         query = cache_query(request, user)
         found = Lookup(namespace, query, answer_key(namespace, query.exact), keep=True)
+        if self._hot is not None:
+            self._hot.note(namespace, found.key)
         if not wanted.lookup:
             self._metrics.result_bypass.labels(tenant, request.model, "no_cache").inc()
             return found
@@ -271,10 +276,47 @@ class ResultCache:
 
     def epoch_bumped(self, tenant: str, model: str, epoch: int) -> None:
         """(tenant, model) moved to `epoch`: L1 drops the older epochs' answers now, the next sweep their
-        query vectors."""
+        query vectors; L1 is warmed with what other pods have kept under the new epoch."""
         self._l1.drop_older(tenant, model, epoch)
         if self._semantic is not None:
             self._semantic.retire(tenant, model, epoch)
+        if self._hot is not None:
+            self._spawn(self._warm_quietly(lambda _t, _m: epoch, (tenant, model)))
+
+    async def warm(
+        self, current: Callable[[str, str], int | None], only: tuple[str, str] | None = None
+    ) -> int:
+        """Hold in L1 the answers behind the `warm_entries` most asked prompts of the last 24 hours, of each
+        (tenant, model)'s `current` epoch, or of `only` that pair (`result_warming.py`); how many were
+        held. Raises what the stores raise."""
+        if self._hot is None:
+            return 0
+        hot = await self._hot.top(current, self._settings.warm_entries, only)
+        stored = await self._hot.fetch([entry.key for entry in hot])
+        held = 0
+        for entry, value in zip(hot, stored, strict=True):
+            answer = None if value is None else unpack(value)
+            if answer is None:
+                continue
+            settings = self._settings
+            ttl_s = jittered(min(settings.l1_ttl_s, settings.ttl_s), settings.ttl_jitter, self._uniform)
+            self._l1.put(entry.key, entry.namespace, answer, self._monotonic() + ttl_s)
+            self._metrics.result_warmed.labels(entry.namespace.model).inc()
+            held += 1
+        return held
+
+    async def _warm_quietly(
+        self, current: Callable[[str, str], int | None], only: tuple[str, str] | None
+    ) -> None:
+        try:
+            await self.warm(current, only)
+        except _STORE_ERRORS as exc:
+            self._note_failure(exc)
+
+    async def flush_asks(self) -> int:
+        """Add the asks counted since the last flush to the fleet's record; how many keys. Raises what
+        Redis raises."""
+        return 0 if self._hot is None else await self._hot.flush()
 
     async def next_sweep(self, every_s: float) -> None:
         """Return after `every_s`, or sooner once an epoch bump left query vectors to delete."""

@@ -24,6 +24,7 @@ from redis.backoff import NoBackoff
 
 from warmplane.services.gateway.embedders import MINILM_SPACE
 from warmplane.services.gateway.result_keys import Namespace
+from warmplane.services.gateway.result_warming import HotPrompts
 from warmplane.shared.settings import RedisSettings
 
 
@@ -81,6 +82,8 @@ class ResultStores:
     answers: AnswerStore
     index: QueryIndex | None
     """None when the semantic tier is off."""
+    hot: HotPrompts | None = None
+    """The fleet's record of asked-for answers, for warming L1 (None: no warming)."""
 
 
 def redis_client(settings: RedisSettings) -> aioredis.Redis:

@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Self
 
 import asyncpg
+import redis
 
 from warmplane.services.gateway.app import GatewayParts, bootstrap
 from warmplane.services.gateway.embedders import open_embedder
@@ -26,6 +27,7 @@ from warmplane.services.gateway.observations import EventSink
 from warmplane.services.gateway.registry import seed_from_registry
 from warmplane.services.gateway.result_cache import ResultCache
 from warmplane.services.gateway.result_stores import PgQueryIndex, RedisAnswers, ResultStores, redis_client
+from warmplane.services.gateway.result_warming import HotPrompts
 from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.services.gateway.tenants import EpochBook
 from warmplane.shared.asgi_server import AsgiServer
@@ -123,7 +125,20 @@ class Gateway:
         self.parts.metrics.loop_tasks.watch(asyncio.get_running_loop())
         if self.parts.results is not None:
             self._keep_results_tidy(self.parts.results)
+            await self._warm_results(self.parts.results, epochs)
         await self._serve(self.parts)
+
+    async def _warm_results(self, results: ResultCache, epochs: EpochBook) -> None:
+        """L1 warmed before the gateway serves, within `warm_timeout_s`; a store that fails or is slow
+        leaves it colder, never stops the start."""
+        options = self.settings.result_cache
+        try:
+            async with asyncio.timeout(options.warm_timeout_s):
+                held = await results.warm(epochs.epoch)
+        except (OSError, TimeoutError, redis.RedisError) as exc:
+            log.warning("the result cache starts cold: warming failed (%s)", type(exc).__name__)
+        else:
+            log.info("the result cache holds %d answers, the most asked of the last 24 hours", held)
 
     async def _result_stores(self) -> ResultStores:
         """Redis for answers; Postgres for the semantic tier's vectors, if it is on and reachable (if
@@ -140,7 +155,7 @@ class Gateway:
             else:
                 self._stack.push_async_callback(pool.close)
                 index = PgQueryIndex(pool)
-        return ResultStores(RedisAnswers(client), index)
+        return ResultStores(RedisAnswers(client), index, HotPrompts(client))
 
     def _keep_results_tidy(self, results: ResultCache) -> None:
         """Expired query vectors swept every `sweep_s`, a retired epoch's at once after its bump; at stop,
@@ -157,11 +172,25 @@ class Gateway:
                 else:
                     log.debug("swept %d expired or retired result-cache vectors", swept)
 
-        sweeper = asyncio.get_running_loop().create_task(sweep_forever(), name="result-cache-sweeper")
+        async def flush_forever() -> None:
+            while True:
+                await asyncio.sleep(self.settings.result_cache.asks_flush_s)
+                try:
+                    await results.flush_asks()
+                except (OSError, TimeoutError, redis.RedisError) as exc:
+                    log.debug("the result cache's asks were not recorded (%s)", type(exc).__name__)
+
+        loop = asyncio.get_running_loop()
+        sweeper = loop.create_task(sweep_forever(), name="result-cache-sweeper")
+        flusher = loop.create_task(flush_forever(), name="result-cache-asks")
 
         async def stop_sweeping() -> None:
             sweeper.cancel()
-            await asyncio.gather(sweeper, return_exceptions=True)
+            flusher.cancel()
+            await asyncio.gather(sweeper, flusher, return_exceptions=True)
+            with contextlib.suppress(OSError, TimeoutError, redis.RedisError):  # the last asks, bounded
+                async with asyncio.timeout(_STOP_TIMEOUT_S):
+                    await results.flush_asks()
 
         self._stack.push_async_callback(stop_sweeping)
         self._stack.push_async_callback(results.drain, _STOP_TIMEOUT_S)

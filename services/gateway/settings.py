@@ -122,6 +122,14 @@ class ResultCacheSettings(BaseModel):
     l1_ttl_s: Seconds = 60.0
     """L1: how long an answer is held (at most `ttl_s`), so a pod's copy outlives Redis's by this at
     most; an epoch bump drops the old epoch's at once."""
+    warm_entries: Annotated[int, Field(ge=0)] = 1000
+    """Warming: the answers behind this many of the most asked prompts of the last 24 hours (the fleet's
+    record in Redis) are held in L1 before the gateway takes traffic, and those kept under a new epoch
+    after a bump (0: no warming, and no record kept)."""
+    warm_timeout_s: Seconds = 5.0
+    """Warming at start waits this long at most; the gateway then serves with what it loaded."""
+    asks_flush_s: Seconds = 5.0
+    """How often the asks this process counted are added to the fleet's record in Redis."""
     flight_timeout_s: Seconds = 30.0
     """Single flight: identical misses wait this long, at most, for the one request sent to a replica
     (in this process, or under another pod's Redis lease, which lasts as long), then go to a replica

@@ -14,6 +14,7 @@ from warmplane.services.gateway.metrics import GatewayMetrics
 from warmplane.services.gateway.openai_request import ClientRequest, decode
 from warmplane.services.gateway.result_cache import ResultCache
 from warmplane.services.gateway.result_stores import PgQueryIndex, RedisAnswers
+from warmplane.services.gateway.result_warming import HotPrompts
 from warmplane.services.gateway.settings import ResultCacheSettings
 from warmplane.services.gateway.text_embedding import NgramEmbedder
 
@@ -37,13 +38,16 @@ def answer(text: str) -> bytes:
 
 
 def cache(
-    client: aioredis.Redis, pool: asyncpg.Pool | None, **settings: Any
+    client: aioredis.Redis, pool: asyncpg.Pool | None, *, hot: bool = False, **settings: Any
 ) -> tuple[ResultCache, GatewayMetrics]:
-    """A result cache (a pod's) on `client` and, when given, `pool`; with its own metrics."""
+    """A result cache (a pod's) on `client` and, when given, `pool`; with its own metrics; with `hot`,
+    recording asks for warming."""
     metrics = GatewayMetrics(CollectorRegistry())
     options = ResultCacheSettings(enabled=True, semantic=pool is not None, lookup_timeout_s=2, **settings)
     index = None if pool is None else PgQueryIndex(pool)
-    return ResultCache(options, RedisAnswers(client), index, NgramEmbedder(), metrics), metrics
+    record = HotPrompts(client) if hot else None
+    results = ResultCache(options, RedisAnswers(client), index, NgramEmbedder(), metrics, hot=record)
+    return results, metrics
 
 
 def lookups(metrics: GatewayMetrics, tenant: str, outcome: str) -> float:

@@ -28,6 +28,32 @@ from warmplane.services.gateway.settings import GatewaySettings
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm
 
 
+async def test_a_gateway_that_starts_holds_the_answers_another_gave_before_it_serves(
+    caching_gateway: tuple[GatewaySettings, dict[str, str]], vllm_engine: EmbeddedVllm
+) -> None:
+    settings, keys = caching_gateway
+    body = chat_body(random.Random(uuid.uuid4().int), vllm_engine.model_name)
+    acme = headers(keys["acme"])
+    async with (
+        Gateway(settings) as first,
+        httpx.AsyncClient(base_url=first.url, timeout=TIMEOUT) as client,
+    ):
+        answered = await client.post("/v1/chat/completions", json=body, headers=acme)
+        assert (answered.status_code, answered.headers["x-warmplane-cache"]) == (200, "miss")
+        assert first.parts is not None and first.parts.results is not None
+        await first.parts.results.drain(5)
+    before = await vllm_requests(vllm_engine)
+    async with (
+        Gateway(settings) as second,
+        httpx.AsyncClient(base_url=second.url, timeout=TIMEOUT) as client,
+    ):
+        again = await client.post("/v1/chat/completions", json=body, headers=acme)
+        assert (again.headers["x-warmplane-cache"], again.content) == ("l1", answered.content)
+        metrics = (await client.get(f"{second.metrics_url}/metrics")).text
+    assert metric_sample(metrics, "warmplane_gateway_result_warmed_total") >= 1
+    assert await vllm_requests(vllm_engine) == before
+
+
 async def test_a_repeated_greedy_request_is_answered_from_the_cache_in_its_tenant_and_epoch_only(
     caching_gateway: tuple[GatewaySettings, dict[str, str]], vllm_engine: EmbeddedVllm
 ) -> None:
