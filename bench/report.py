@@ -84,6 +84,9 @@ BENCHES = (
     Bench("result_cache", "bench.result_cache_bench", 4, 20,  # estimated: 1 min at 10 requests
           "--requests 200 --max-tokens 16",
           "Result-cache hits vs the engine"),
+    Bench("plan_latency", "bench.plan_latency_bench", 0.7, 10,  # measured: 22 s at 15 starts, 100,000 events
+          "--starts 30 --capacity-events 200000 --load-seconds 15",
+          "A replica's start to its plan at the warmer, idle and at half ingestion capacity"),
     Bench("embedding", "bench.embedding_bench", 2.5, 10,  # measured: 58 s without the endpoint
           "--queries 400 --concurrency 1 16 --runs 3",  # with vLLM serving the model: 2.5 min
           "The learned embedding: worker process vs thread vs vLLM's endpoint"),

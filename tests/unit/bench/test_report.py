@@ -178,6 +178,7 @@ def test_the_registry_holds_every_kept_bench_once_and_each_module_exists() -> No
         "broker_poll",
         "soak",
         "embedding",
+        "plan_latency",
     }
     assert set(names) == kept
     for bench in BENCHES:

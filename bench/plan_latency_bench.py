@@ -1,0 +1,292 @@
+"""A replica's start to its plan at the warmer, idle and while ingestion runs at half its capacity, side by
+side in one run (issue 19's target: p99 <= 200 ms at half capacity). Run:
+
+    python -m bench.plan_latency_bench [--starts 30] [--capacity-events 200000] [--load-seconds 15]
+
+On the embedded broker and Postgres, one planner process (`python -m warmplane.services.planner`, as
+deployed). Its ingestion capacity is measured first: `--capacity-events` requests of the fleet shape
+(`bench.ingest_bench`, without its replica starts) published at once, counted from the first committed batch
+to the last (the group's stored offsets). Then `--starts` replicas of the traffic's model are announced one
+after another, each once the previous one's plan arrived (and then stopped, so the fleet stays one replica
+large), twice: idle, then while this process publishes requests of that shape, encoded ahead and paced, at
+half that capacity. "At the warmer" is a consumer of the plans topic, as a warmer's is (no engine: a plan's
+path ends where its warmer receives it); a start's latency runs from sending its `replica.started` to its
+plan's arrival. Every consumer fetches with a 20 ms wait: the embedded broker answers a fetch when its wait
+ends, where Kafka answers when a record arrives. The bench shares the machine with the planner, the broker
+and Postgres: its figures are of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
+from pydantic import SecretStr
+
+from bench.ingest_bench import MODELS, fleet_events, publish
+from bench.summary import SummaryRecorder, add_summary_option, parameters_of
+from bench.warm_bench import percentile
+from warmplane.services.planner.settings import IngestSettings, PlannerSettings
+from warmplane.shared import migrate
+from warmplane.shared.codec import EventCodec
+from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres
+from warmplane.shared.event_ids import new_event_id
+from warmplane.shared.events import Event, ReplicaStarted, ReplicaStopped, RequestObserved, WarmPlanIssued
+from warmplane.shared.kafka_admin import ensure_topics
+from warmplane.shared.settings import KafkaSettings, PostgresSettings, settings_environment
+from warmplane.shared.topics import Topics, partition_key
+
+_TICK_S = 0.05
+"""The paced load sends a tick's share of events at a time."""
+_SENT = [0]
+"""Events the paced load has sent."""
+
+
+class PlansAtTheWarmer:
+    """A consumer of the plans topic from its end on: when each plan answering a start arrived."""
+
+    def __init__(self, kafka: KafkaSettings) -> None:
+        self._kafka = kafka
+        self._codec = EventCodec(kafka.max_event_bytes)
+        self.arrived: dict[object, float] = {}
+
+    @contextlib.asynccontextmanager
+    async def reading(self) -> AsyncIterator[PlansAtTheWarmer]:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._kafka.bootstrap_servers,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=self._kafka.fetch_max_wait_ms,
+        )
+        await consumer.start()
+        topic = Topics(self._kafka.topic_prefix).plans
+        consumer.assign([TopicPartition(topic, p) for p in range(self._kafka.partitions)])
+        await consumer.seek_to_end()
+        task = asyncio.create_task(self._read(consumer))
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await consumer.stop()
+
+    async def _read(self, consumer: AIOKafkaConsumer) -> None:
+        while True:
+            for records in (await consumer.getmany(timeout_ms=100)).values():
+                for record in records:
+                    plan = self._codec.decode(record.value)
+                    if isinstance(plan, WarmPlanIssued) and plan.trigger_event_id is not None:
+                        self.arrived.setdefault(plan.trigger_event_id, time.perf_counter())
+
+
+async def start_latencies(
+    kafka: KafkaSettings, warmer: PlansAtTheWarmer, producer: AIOKafkaProducer, starts: int, phase: str
+) -> list[float]:
+    """Seconds from each of `starts` replicas' `replica.started` (sent, one after another) to its plan."""
+    lifecycle, codec = Topics(kafka.topic_prefix).lifecycle, EventCodec(kafka.max_event_bytes)
+    latencies = []
+    for i in range(starts):
+        common = dict(producer="bench", model=MODELS[0], replica=f"{phase}-{i}", node=f"node-{i % 4}")
+        start = ReplicaStarted(event_id=new_event_id(), occurred_at=datetime.now(UTC), **common)  # type: ignore[arg-type]
+        sent = time.perf_counter()
+        await producer.send_and_wait(lifecycle, codec.encode(start), key=partition_key(start))
+        deadline = sent + 60
+        while start.event_id not in warmer.arrived:
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"{phase}: no plan for start {i} in 60 s")
+            await asyncio.sleep(0.001)
+        latencies.append(warmer.arrived[start.event_id] - sent)
+        stop = ReplicaStopped(event_id=new_event_id(), occurred_at=datetime.now(UTC), **common)  # type: ignore[arg-type]
+        await producer.send_and_wait(lifecycle, codec.encode(stop), key=partition_key(stop))
+    return latencies
+
+
+def encoded_load(kafka: KafkaSettings, count: int) -> list[tuple[int, bytes, bytes]]:
+    """`count` fleet-shaped requests encoded ahead, as (partition, key, value): pacing them then costs what
+    sending does."""
+    codec, partitioner = EventCodec(kafka.max_event_bytes), DefaultPartitioner()
+    partitions = list(range(kafka.partitions))
+    load = []
+    for event in fleet_events(count, seed=11):
+        if isinstance(event, RequestObserved):
+            key = partition_key(event)
+            load.append((partitioner(key, partitions, partitions), key, codec.encode(event)))
+    return load
+
+
+async def paced_load(
+    kafka: KafkaSettings, producer: AIOKafkaProducer, load: list[tuple[int, bytes, bytes]], rate: float
+) -> None:
+    """Publish `load` at `rate` events a second, a tick's share in one batch a partition, until it is all sent
+    or this is cancelled; `_SENT[0]` says how many were sent."""
+    topic = Topics(kafka.topic_prefix).requests
+    began = time.perf_counter()
+    _SENT[0] = 0
+    for tick in itertools.count(1):
+        due = min(len(load), int(rate * tick * _TICK_S))
+        batches: dict[int, Any] = {}
+        for partition, key, value in load[_SENT[0] : due]:
+            batch = batches.setdefault(partition, producer.create_batch())
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                await producer.send_batch(batch, topic, partition=partition)
+                batch = batches[partition] = producer.create_batch()
+                batch.append(key=key, value=value, timestamp=None)
+        for partition, batch in batches.items():
+            await producer.send_batch(batch, topic, partition=partition)
+        _SENT[0] = due
+        if due == len(load):
+            return
+        await asyncio.sleep(max(0.0, began + tick * _TICK_S - time.perf_counter()))
+
+
+async def counted(db: asyncpg.Connection, group: str) -> int:
+    """Events the group has counted (the topics are new: its stored next offsets, summed)."""
+    query = "SELECT coalesce(sum(next_offset), 0) FROM ingest_offsets WHERE group_id = $1"
+    return int(await db.fetchval(query, group))
+
+
+async def capacity(kafka: KafkaSettings, db: asyncpg.Connection, group: str, events: int) -> float:
+    """Events/s the planner counts, from the first committed batch of `events` sent at once to the last."""
+    before = await counted(db, group)
+    load: list[Event] = [e for e in fleet_events(events, seed=3) if isinstance(e, RequestObserved)]
+    await publish(kafka, load)
+    first: tuple[float, int] | None = None
+    while (done := await counted(db, group) - before) < len(load):
+        if first is None and done:
+            first = (time.perf_counter(), done)
+        await asyncio.sleep(0.02)
+    if first is None:
+        raise RuntimeError("the load was counted in one batch: publish more events")
+    return (len(load) - first[1]) / (time.perf_counter() - first[0])
+
+
+@contextlib.asynccontextmanager
+async def planner_process(settings: PlannerSettings, log: Path) -> AsyncIterator[None]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WARMPLANE_")}
+    env.update(settings_environment(settings))
+    with log.open("ab") as out:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "warmplane.services.planner", env=env, stdout=subprocess.DEVNULL, stderr=out
+        )
+    try:
+        yield
+    finally:
+        child.terminate()
+        await asyncio.wait_for(child.wait(), 60)
+
+
+async def bench(args: argparse.Namespace, workdir: Path, recorder: SummaryRecorder) -> None:
+    with EmbeddedKafka(workdir / "kafka") as broker, EmbeddedPostgres(workdir / "postgres") as postgres:
+        await asyncio.to_thread(migrate.upgrade, postgres.sqlalchemy_url)
+        # A short fetch wait (module doc; `bench.broker_poll_bench` measures the broker's).
+        kafka = KafkaSettings(
+            bootstrap_servers=broker.bootstrap_servers, session_timeout_ms=6_000, fetch_max_wait_ms=20
+        )
+        group = "plan-latency-bench"
+        settings = PlannerSettings(
+            kafka=kafka,
+            postgres=PostgresSettings(url=SecretStr(postgres.asyncpg_dsn)),
+            ingest=IngestSettings(group_id=group),
+            metrics_port=0,
+        )
+        await ensure_topics(kafka, Topics(kafka.topic_prefix).all())
+        db = await asyncpg.connect(postgres.asyncpg_dsn)
+        producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=2)
+        await producer.start()
+        warmer = PlansAtTheWarmer(kafka)
+        try:
+            async with planner_process(settings, workdir / "planner.log"), warmer.reading():
+                rate = await capacity(kafka, db, group, args.capacity_events)
+                print(f"ingestion capacity: {rate:,.0f} events/s")
+                idle = await start_latencies(kafka, warmer, producer, args.starts, "idle")
+                pool = encoded_load(kafka, int(rate / 2 * args.load_seconds))
+                load = asyncio.create_task(paced_load(kafka, producer, pool, rate / 2))
+                began = time.perf_counter()
+                try:
+                    await asyncio.sleep(2)  # the load under way
+                    loaded = await start_latencies(kafka, warmer, producer, args.starts, "loaded")
+                    ran_out = load.done()
+                finally:
+                    load.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await load
+                achieved = _SENT[0] / (time.perf_counter() - began)
+                if ran_out:
+                    raise RuntimeError("the load ended before the starts did: raise --load-seconds")
+        finally:
+            await producer.stop()
+            await db.close()
+    _report(recorder, args, rate=rate, achieved=achieved, idle=idle, loaded=loaded)
+
+
+def _report(
+    recorder: SummaryRecorder,
+    args: argparse.Namespace,
+    *,
+    rate: float,
+    achieved: float,
+    idle: Sequence[float],
+    loaded: Sequence[float],
+) -> None:
+    rows = []
+    for name, seconds in (("idle", idle), (f"ingestion at half capacity ({achieved:,.0f} events/s)", loaded)):
+        ms = [1000 * s for s in seconds]
+        p50, p99 = percentile(ms, 0.5), percentile(ms, 0.99)
+        rows.append([name, len(ms), f"{p50:.0f}", f"{p99:.0f}", f"{max(ms):.0f}"])
+        print(f"replica.started -> plan at the warmer, {name}: p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+        recorder.figure(f"replica.started -> plan at the warmer, {name.split(' (')[0]}, p50", p50, "ms")
+        recorder.figure(f"replica.started -> plan at the warmer, {name.split(' (')[0]}, p99", p99, "ms")
+    recorder.figure("planner ingestion capacity (fleet shape)", rate, "events/s")
+    recorder.table(
+        "Each phase: starts announced one after another.",
+        ["phase", "starts", "p50 ms", "p99 ms", "max ms"],
+        rows,
+    )
+    recorder.note(
+        f"Target: p99 <= 200 ms at half capacity. One run, {args.starts} starts a phase; the load is paced at"
+        f" half the capacity measured first ({rate:,.0f} events/s), {achieved:,.0f} events/s achieved."
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--starts", type=int, default=30, help="replicas announced one after another, a phase"
+    )
+    parser.add_argument("--load-seconds", type=float, default=15, help="the paced load's length at most")
+    parser.add_argument(
+        "--capacity-events", type=int, default=200_000, help="events published to measure capacity"
+    )
+    add_summary_option(parser)
+    args = parser.parse_args()
+    recorder = SummaryRecorder(
+        bench="plan_latency",
+        title="A replica's start to its plan at the warmer, idle and while ingestion runs at half capacity",
+        module="bench.plan_latency_bench",
+        argv=sys.argv[1:],
+        parameters=parameters_of(args),
+        runs=1,
+    )
+    with tempfile.TemporaryDirectory(prefix="warmplane-plan-latency-") as folder:
+        asyncio.run(bench(args, Path(folder), recorder))
+    recorder.write(args.summary_json)
+
+
+if __name__ == "__main__":
+    main()
