@@ -20,6 +20,7 @@ from typing import TextIO
 from warmplane.services.cli.tables import render
 from warmplane.services.gateway.embedders import open_embedder
 from warmplane.services.gateway.labelled_pairs import LabelledPair, read_pairs
+from warmplane.services.gateway.result_keys import query_literals
 from warmplane.services.gateway.settings import ResultCacheSettings
 from warmplane.services.gateway.similarity_calibration import Calibration, ScoredPair, by_kind, calibrate
 from warmplane.services.gateway.text_embedding import Embedder, cosine
@@ -57,16 +58,25 @@ async def calibrate_cache(path: Path, target: float, settings: ResultCacheSettin
     return 0
 
 
+NEVER_COMPARED = -1.0
+"""The similarity of a pair the cache never compares: below every threshold."""
+
+
 async def score_pairs(pairs: Sequence[LabelledPair], embedder: Embedder) -> Scored:
-    """Each pair's cosine similarity under `embedder` (to `SIMILARITY_DIGITS`); every distinct query is
-    embedded once, all of them at once, so a batching embedder gets full batches."""
+    """Each pair's cosine similarity under `embedder` (to `SIMILARITY_DIGITS`), or `NEVER_COMPARED` for
+    queries whose numbers or negation differ, as the cache never compares those (`query_literals`); every
+    distinct query is embedded once, all of them at once, so a batching embedder gets full batches."""
     texts = sorted({pair.a for pair in pairs} | {pair.b for pair in pairs})
     vectors = dict(zip(texts, await asyncio.gather(*map(embedder.embed, texts)), strict=True))
     return Scored(
         embedder.name,
         [
             ScoredPair(
-                round(cosine(vectors[pair.a], vectors[pair.b]), SIMILARITY_DIGITS), pair.same, pair.kind
+                round(cosine(vectors[pair.a], vectors[pair.b]), SIMILARITY_DIGITS)
+                if query_literals(pair.a) == query_literals(pair.b)
+                else NEVER_COMPARED,
+                pair.same,
+                pair.kind,
             )
             for pair in pairs
         ],

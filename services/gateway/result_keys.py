@@ -12,8 +12,9 @@ Keys never hold a client's text. The exact key is the SHA-256 of the request in 
 (sorted keys, minus the fields that do not change the answer: `stream`, `stream_options`, `user`,
 `cache_salt`, `priority`, `request_id`). For the semantic tier the request splits into its query
 (the last user message's text of a chat; a completion's text prompt) and its context (everything
-else, hashed): answers are reused across queries alike in meaning only under the same context, so a
-different system prompt, history or sampling setting never borrows an answer. With an end user given
+else, hashed, with the query's numbers and negation, `query_literals`): answers are reused across queries
+alike in meaning only under the same context, so a different system prompt, history, sampling setting,
+number or negation never borrows an answer. With an end user given
 (`end_user`, when the settings scope answers by user), the user is part of both keys, so no user's
 answer reaches another. Tenant, model and epoch are the caller's part of every key (`Namespace`,
 `result_cache.py`): an epoch bump moves a tenant's model to a fresh namespace.
@@ -22,6 +23,7 @@ answer reaches another. Tenant, model and epoch are the caller's part of every k
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -34,6 +36,9 @@ Bypass = Literal["streaming", "sampling", "choices", "no_store", "no_user"]
 CACHE_HEADER = "x-warmplane-cache"
 """Request: `allow-sampled` opts in to cached sampled answers. Response: where the answer came from."""
 ALLOW_SAMPLED = "allow-sampled"
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_WORD = re.compile(r"[a-z]+")
+_NEGATING = frozenset({"not", "no", "never", "cannot", "without", "nothing", "none", "neither", "nor"})
 _IGNORED = frozenset({"stream", "stream_options", "user", "cache_salt", "priority", "request_id"})
 _canonical = msgspec.json.Encoder(order="sorted")
 
@@ -115,8 +120,20 @@ def cache_query(request: ClientRequest, user: str | None = None) -> CacheQuery:
         body["user"] = user
     exact = hashlib.sha256(_canonical.encode(body)).hexdigest()
     text, context = _split_query(request.kind, body)
-    digest = hashlib.sha256(_canonical.encode(context)).digest()
+    literals = query_literals(text) if text is not None else ()
+    digest = hashlib.sha256(_canonical.encode(context) + b"\0" + _canonical.encode(literals)).digest()
     return CacheQuery(exact, digest, text)
+
+
+def query_literals(text: str) -> tuple[str, ...]:
+    """What a query's answer hangs on that a sentence embedding blurs: its numbers, in order (commas in
+    them dropped), and whether it is negated (an odd count of negating words). They join the semantic
+    context, so "limit for 2023" never borrows the answer of "limit for 2024", "2 to the power of 10"
+    that of "10 to the power of 2", nor "does it support" that of "does it not support"."""
+    numbers = [number.replace(",", "") for number in _NUMBER.findall(text)]
+    words = _WORD.findall(text.lower().replace("n't", " not"))
+    negated = sum(word in _NEGATING for word in words) % 2 == 1
+    return (*numbers, "negated") if negated else tuple(numbers)
 
 
 def _split_query(kind: str, body: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:

@@ -16,11 +16,18 @@ from warmplane.services.gateway.result_keys import (
     cache_query,
     directive,
     end_user,
+    query_literals,
 )
 from warmplane.services.gateway.result_lookup import answer_key
 from warmplane.services.gateway.text_embedding import NgramEmbedder, cosine
 
 GREEDY = {"model": "m", "temperature": 0}
+
+
+def chat_request(question: str) -> ClientRequest:
+    return request(
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}]
+    )
 
 
 def request(kind: Kind = "chat", **body: Any) -> ClientRequest:
@@ -175,3 +182,23 @@ def test_every_embedding_has_unit_length_or_is_empty(text: str) -> None:
     length = sum(value * value for value in vector)
     assert length == pytest.approx(1.0) or length == 0.0
     assert NgramEmbedder(dimensions=64, memory=1).vector(text) == vector
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("What is the 401(k) limit in 2023?", "What is the 401(k) limit in 2024?"),
+        ("What is 2 to the power of 10?", "What is 10 to the power of 2?"),
+        ("Does this laptop support USB-C charging?", "Does this laptop not support USB-C charging?"),
+        ("Is the store open on Sunday?", "Isn't the store open on Sunday?"),
+    ],
+)
+def test_queries_that_differ_in_numbers_or_negation_never_share_a_semantic_context(a: str, b: str) -> None:
+    assert query_literals(a) != query_literals(b)
+    assert cache_query(chat_request(a)).context != cache_query(chat_request(b)).context
+
+
+def test_the_same_numbers_and_negation_in_other_words_share_a_context() -> None:
+    a, b = "Convert 200,000 yen to dollars, not euros", "Not in euros: 200000 yen in dollars?"
+    assert query_literals(a) == query_literals(b) == ("200000", "negated")
+    assert cache_query(chat_request(a)).context == cache_query(chat_request(b)).context
