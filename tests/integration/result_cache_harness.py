@@ -16,7 +16,7 @@ from warmplane.services.gateway.result_cache import ResultCache
 from warmplane.services.gateway.result_stores import PgQueryIndex, RedisAnswers
 from warmplane.services.gateway.result_warming import HotPrompts
 from warmplane.services.gateway.settings import ResultCacheSettings
-from warmplane.services.gateway.text_embedding import NgramEmbedder
+from warmplane.services.gateway.text_embedding import Embedder, NgramEmbedder
 
 MODEL = "tiny"
 SYSTEM = "You answer questions about geography in one short sentence."
@@ -38,15 +38,21 @@ def answer(text: str) -> bytes:
 
 
 def cache(
-    client: aioredis.Redis, pool: asyncpg.Pool | None, *, hot: bool = False, **settings: Any
+    client: aioredis.Redis,
+    pool: asyncpg.Pool | None,
+    *,
+    hot: bool = False,
+    embedder: Embedder | None = None,
+    **settings: Any,
 ) -> tuple[ResultCache, GatewayMetrics]:
     """A result cache (a pod's) on `client` and, when given, `pool`; with its own metrics; with `hot`,
-    recording asks for warming."""
+    recording asks for warming; embedding with `embedder` (default: trigrams)."""
     metrics = GatewayMetrics(CollectorRegistry())
     options = ResultCacheSettings(enabled=True, semantic=pool is not None, lookup_timeout_s=2, **settings)
     index = None if pool is None else PgQueryIndex(pool)
     record = HotPrompts(client) if hot else None
-    results = ResultCache(options, RedisAnswers(client), index, NgramEmbedder(), metrics, hot=record)
+    space = embedder if embedder is not None else NgramEmbedder()
+    results = ResultCache(options, RedisAnswers(client), index, space, metrics, hot=record)
     return results, metrics
 
 
