@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 
 from bench.gateway_bench import KEY, PROMPT
+from bench.raw_http import content_length
 from warmplane.shared.embedded.processes import free_port, start_process, stop_process_group, wait_for_port
 
 MODEL = "tiny"
@@ -53,14 +54,6 @@ async def serve_stub_replica(port: int, delay_s: float = 0.0) -> None:
     server = await asyncio.start_server(serve, "127.0.0.1", port)
     async with server:
         await server.serve_forever()
-
-
-def content_length(head: bytes) -> int:
-    for line in head.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return int(value)
-    return 0
 
 
 class RawClient:

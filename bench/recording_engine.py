@@ -17,6 +17,8 @@ import time
 
 import msgspec
 
+from bench.raw_http import content_length
+
 BLOCK_SIZE = 16
 KV_BLOCKS = 100_000
 CHECK_PREFIX = "epoch-check"
@@ -56,7 +58,7 @@ class RecordingEngine:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = _content_length(head)
+                length = content_length(head)
                 body = await reader.readexactly(length) if length else b""
                 answer = self._answer(head.split(b" ", 2), body)
                 writer.write(
@@ -102,11 +104,3 @@ class RecordingEngine:
         return msgspec.json.encode(
             {"id": "stub", "object": "chat.completion", "model": "stub", "choices": [choice], "usage": usage}
         )
-
-
-def _content_length(head: bytes) -> int:
-    for line in head.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return int(value)
-    return 0

@@ -9,6 +9,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
+from bench.raw_http import content_length
+
 
 @dataclass
 class Exchange:
@@ -62,14 +64,6 @@ class RawHttpServer:
         finally:
             writer.close()
             ended.set()
-
-
-def content_length(head: bytes) -> int:
-    for line in head.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return int(value)
-    return 0
 
 
 @contextlib.asynccontextmanager
