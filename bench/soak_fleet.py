@@ -19,6 +19,7 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings
 
 from warmplane.services.api.settings import ApiCaller, ApiOptions, ApiSettings
+from warmplane.services.devstack.fleet import engine_settings
 from warmplane.services.gateway.settings import (
     GatewayOptions,
     GatewaySettings,
@@ -27,7 +28,6 @@ from warmplane.services.gateway.settings import (
 )
 from warmplane.services.planner.settings import IngestSettings, PlannerSettings, PlanSettings
 from warmplane.services.warmer.settings import (
-    EngineSettings,
     ReadinessSettings,
     WarmerSettings,
     WarmSettings,
@@ -195,16 +195,7 @@ class SoakFleet:
             WarmerSettings(
                 kafka=kafka,
                 node="soak-node",
-                engines=[
-                    EngineSettings(
-                        replica=REPLICA,
-                        url=engine.base_url,
-                        served_model=engine.model_name,
-                        block_size=BLOCK_SIZE,
-                        kv_events_endpoint=engine.kv_events_endpoint,
-                        kv_events_replay_endpoint=engine.kv_events_replay_endpoint,
-                    )
-                ],
+                engines=[engine_settings(engine, REPLICA)],
                 tenant_secrets=salts,
                 warm=WarmSettings(request_timeout_s=30),
                 readiness=ReadinessSettings(plan_wait_s=120),

@@ -124,17 +124,7 @@ class Fleet:
         alternating (two cores here)."""
         replica = f"replica-{self.replicas}"
         engine = self._engine(replica, core=self.replicas % 2)
-        driver = self.warmer.add_engine(
-            EngineSettings(
-                replica=replica,
-                url=engine.base_url,
-                served_model=self.model,
-                block_size=BLOCK_SIZE,
-                kv_events_endpoint=engine.kv_events_endpoint,
-                kv_events_replay_endpoint=engine.kv_events_replay_endpoint,
-            )
-        )
-        return driver
+        return self.warmer.add_engine(engine_settings(engine, replica))
 
     def cold_reference(self) -> EmbeddedVllm:
         """Start an engine of the same model that no warmer drives and no router knows: cold by
@@ -173,6 +163,19 @@ class Fleet:
 
     def salt(self, epoch: int = 0) -> str:
         return derive_cache_salt(self._secret, self._tenant, self.model, epoch)
+
+
+def engine_settings(engine: EmbeddedVllm, replica: str) -> EngineSettings:
+    """How a warmer on the engine's own host drives `engine` as replica `replica`: by its URL and first
+    served name, at the embedded engines' block size, following its KV events."""
+    return EngineSettings(
+        replica=replica,
+        url=engine.base_url,
+        served_model=engine.model_name,
+        block_size=BLOCK_SIZE,
+        kv_events_endpoint=engine.kv_events_endpoint,
+        kv_events_replay_endpoint=engine.kv_events_replay_endpoint,
+    )
 
 
 async def wait_ready(

@@ -13,8 +13,8 @@ import httpx
 from pydantic import SecretStr
 
 from tests.integration.planner_harness import request
+from warmplane.services.devstack.fleet import engine_settings
 from warmplane.services.warmer.settings import (
-    EngineSettings,
     ReadinessSettings,
     WarmerSettings,
     WarmSettings,
@@ -77,17 +77,6 @@ def warmer_settings(
         readiness=readiness or ReadinessSettings(plan_wait_s=600),
         http_host="127.0.0.1",
         http_port=0,
-    )
-
-
-def engine_settings(engine: EmbeddedVllm, replica: str) -> EngineSettings:
-    return EngineSettings(
-        replica=replica,
-        url=engine.base_url,
-        served_model=engine.model_name,
-        block_size=BLOCK_SIZE,
-        kv_events_endpoint=engine.kv_events_endpoint,
-        kv_events_replay_endpoint=engine.kv_events_replay_endpoint,
     )
 
 
