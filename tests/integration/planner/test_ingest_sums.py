@@ -91,13 +91,7 @@ def expected_sums(
         scope = (event.tenant, event.model.name, event.prompt_rev)
         bucket = epoch_seconds(event.occurred_at) // bucket_seconds
         if isinstance(event, RequestObserved):
-            sums = requests[(scope, event.chain[-1], bucket)]
-            sums[0] += 1
-            sums[1] += event.cached_tokens == 0
-            sums[2] += event.prompt_tokens
-            sums[3] += event.cached_tokens
-            sums[4] += event.ttft_ms or 0.0
-            sums[5] += event.ttft_ms is not None
+            _add_request(requests[(scope, event.chain[-1], bucket)], event)
         else:
             first_missing = event.chain[min(event.resident_depth, len(event.chain) - 1)]
             counts = misses[(scope, first_missing, bucket)]
@@ -113,14 +107,19 @@ def expected_replica_sums(events: list[Event], bucket_seconds: int) -> dict[Repl
     for event in events:
         if isinstance(event, RequestObserved):
             scope = (event.tenant, event.model.name, event.prompt_rev)
-            row = sums[(event.replica, scope, epoch_seconds(event.occurred_at) // bucket_seconds)]
-            row[0] += 1
-            row[1] += event.cached_tokens == 0
-            row[2] += event.prompt_tokens
-            row[3] += event.cached_tokens
-            row[4] += event.ttft_ms or 0.0
-            row[5] += event.ttft_ms is not None
+            bucket = epoch_seconds(event.occurred_at) // bucket_seconds
+            _add_request(sums[(event.replica, scope, bucket)], event)
     return sums
+
+
+def _add_request(sums: list[float], event: RequestObserved) -> None:
+    """Adds `event` to a row of request sums (requests, cold, prompt, cached, ttft sum, ttft count)."""
+    sums[0] += 1
+    sums[1] += event.cached_tokens == 0
+    sums[2] += event.prompt_tokens
+    sums[3] += event.cached_tokens
+    sums[4] += event.ttft_ms or 0.0
+    sums[5] += event.ttft_ms is not None
 
 
 async def stored_replica_sums(db: asyncpg.Pool) -> dict[ReplicaKey, list[float]]:
