@@ -87,6 +87,9 @@ BENCHES = (
     Bench("plan_latency", "bench.plan_latency_bench", 0.7, 10,  # measured: 22 s at 15 starts, 100,000 events
           "--starts 30 --capacity-events 200000 --load-seconds 15",
           "A replica's start to its plan at the warmer, idle and at half ingestion capacity"),
+    Bench("result_layers", "bench.result_layers_bench", 10, 30,  # estimated: 1.5 min at 5,000 entries
+          "--entries 100000 --lookups 2000 --runs 3",
+          "The result cache's layers at 100,000 entries; the calibrated threshold; a paraphrase workload"),
     Bench("embedding", "bench.embedding_bench", 2.5, 10,  # measured: 58 s without the endpoint
           "--queries 400 --concurrency 1 16 --runs 3",  # with vLLM serving the model: 2.5 min
           "The learned embedding: worker process vs thread vs vLLM's endpoint"),

@@ -140,10 +140,12 @@ WHERE tenant = $1 AND model = $2 AND epoch = $3 AND space = $4 AND context = $5 
 ORDER BY embedding{cast} <=> $6::text::vector{cast}
 LIMIT 1
 """
-_ITERATIVE = "SET hnsw.iterative_scan = strict_order"
-"""An HNSW scan goes on past the first candidates until rows of the namespace turn up, in order (pgvector
-0.8): without it, a namespace that is a small part of the space would find nothing. Per session: the pool
-resets sessions on release."""
+_SESSION = "SET hnsw.iterative_scan = strict_order; SET plan_cache_mode = force_custom_plan"
+"""Per session (the pool resets sessions on release). An HNSW scan goes on past the first candidates until
+rows of the namespace turn up, in order (pgvector 0.8): without it, a namespace that is a small part of the
+space would find nothing. And every execution is planned for its own values: after five, Postgres would
+switch the prepared search to a generic plan, which does not know the namespace's size and took 285 ms a
+search at 5,000 rows where the planned one took 3 ms (`bench.result_layers_bench`)."""
 
 
 def nearest_query(space: str) -> str:
@@ -188,7 +190,7 @@ class PgQueryIndex:
             query = self._queries[scope.space] = nearest_query(scope.space)
         async with self._pool.acquire() as connection:
             if scope.space in HNSW_SPACES:
-                await connection.execute(_ITERATIVE)
+                await connection.execute(_SESSION)
             row = await connection.fetchrow(query, *scope.parameters(), _literal(vector))
         return None if row is None else (row["answer_key"], float(row["similarity"]))
 

@@ -179,6 +179,7 @@ def test_the_registry_holds_every_kept_bench_once_and_each_module_exists() -> No
         "soak",
         "embedding",
         "plan_latency",
+        "result_layers",
     }
     assert set(names) == kept
     for bench in BENCHES:
