@@ -5,9 +5,11 @@ Redis holds only what can be rebuilt: losing it costs cache hits, never correctn
 
 from __future__ import annotations
 
-RESULT_ANSWERS = "warmplane:results:v2:"
-"""The gateway's cached answers: `RESULT_ANSWERS + hex SHA-256 of (tenant, model, epoch, request key)`,
-each with its time to live, in the form of `services/gateway/answer_record.py` (v1 held the bare answer)."""
+RESULT_ANSWERS = "warmplane:results:v3:"
+"""The gateway's cached answers: `RESULT_ANSWERS + namespace digest + ":" + hex SHA-256 of (tenant, model,
+epoch, request key)`, each with its time to live, in the form of `services/gateway/answer_record.py` (v2
+keys had no namespace part, so a bumped epoch's answers could not be found to purge; v1 held bare
+answers)."""
 
 RESULT_LEASES = "warmplane:results:lease:v1:"
 """Single-flight leases across gateway pods: `RESULT_LEASES + the answer key's hex digest`, naming the

@@ -104,6 +104,12 @@ class GatewayMetrics:
             [*tm, "outcome"],
             registry=registry,
         )
+        self.result_purged = Counter(
+            "warmplane_gateway_result_purged",
+            "Answers deleted from Redis in the background after an epoch bump made them unreachable",
+            ["model"],
+            registry=registry,
+        )
         self.result_warmed = Counter(
             "warmplane_gateway_result_warmed",
             "Answers held in L1 by warming: the most asked of the last 24 hours, at start and after a bump",

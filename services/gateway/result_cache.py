@@ -7,7 +7,8 @@ Contracts:
 - An answer is shared only inside its namespace (tenant, model, epoch; and end user, when the settings
   scope by user): all are part of every key, so no tenant reads another's answers and an epoch bump
   (new weights, new prompt revision, or by hand) makes every answer of the old one unreachable at once.
-  The bump also drops the old epoch's answers from L1, and the next sweep deletes its query vectors.
+  The bump also drops the old epoch's answers from L1, deletes them from Redis in the background, and
+  the next sweep deletes its query vectors.
 - Three layers, looked up in turn: L1, this process's memory (`answer_lru.py`, bounded in entries and
   bytes); L2, Redis, exact; L3, the nearest earlier query of the same context at least `similarity`
   alike (Postgres, pgvector), whose answer must still be in Redis. An answer found in L2 or L3, or
@@ -41,7 +42,14 @@ from warmplane.services.gateway.answer_lru import AnswerLru
 from warmplane.services.gateway.answer_record import pack, unpack
 from warmplane.services.gateway.metrics import GatewayMetrics
 from warmplane.services.gateway.openai_request import ClientRequest
-from warmplane.services.gateway.result_keys import Namespace, bypass_reason, cache_query, directive, end_user
+from warmplane.services.gateway.result_keys import (
+    Namespace,
+    bypass_reason,
+    cache_query,
+    directive,
+    end_user,
+    namespace_answers,
+)
 from warmplane.services.gateway.result_lookup import Hit, Lookup, answer_key
 from warmplane.services.gateway.result_stores import AnswerStore, QueryIndex
 from warmplane.services.gateway.result_warming import HotPrompts
@@ -53,6 +61,8 @@ from warmplane.services.gateway.ttl_jitter import jittered
 
 log = logging.getLogger(__name__)
 _STORE_ERRORS = (redis.RedisError, OSError, asyncpg.PostgresError, TimeoutError)
+_PURGE_LIMIT = 1_000_000
+"""Answers of a retired epoch deleted after its bump, at most (the rest expire)."""
 
 
 class ResultCache:
@@ -276,12 +286,26 @@ class ResultCache:
 
     def epoch_bumped(self, tenant: str, model: str, epoch: int) -> None:
         """(tenant, model) moved to `epoch`: L1 drops the older epochs' answers now, the next sweep their
-        query vectors; L1 is warmed with what other pods have kept under the new epoch."""
+        query vectors, and Redis the previous epoch's answers, in the background; L1 is warmed with what
+        other pods have kept under the new epoch."""
         self._l1.drop_older(tenant, model, epoch)
         if self._semantic is not None:
             self._semantic.retire(tenant, model, epoch)
+        self._spawn(self._purge(Namespace(tenant, model, epoch - 1)))
         if self._hot is not None:
             self._spawn(self._warm_quietly(lambda _t, _m: epoch, (tenant, model)))
+
+    async def _purge(self, old: Namespace) -> None:
+        """Delete the answers a bump made unreachable, the epoch before it (older ones were purged at their
+        own bump, or have expired); a failing store leaves them to their time to live."""
+        if old.epoch < 0:
+            return
+        try:
+            purged = await self._answers.purge(namespace_answers(old), _PURGE_LIMIT)
+        except _STORE_ERRORS as exc:
+            self._note_failure(exc)
+            return
+        self._metrics.result_purged.labels(old.model).inc(purged)
 
     async def warm(
         self, current: Callable[[str, str], int | None], only: tuple[str, str] | None = None

@@ -31,6 +31,7 @@ from typing import Any, Literal
 import msgspec
 
 from warmplane.services.gateway.openai_request import ClientRequest
+from warmplane.shared.redis_keys import RESULT_ANSWERS
 
 Bypass = Literal["streaming", "sampling", "choices", "no_store", "no_user"]
 CACHE_HEADER = "x-warmplane-cache"
@@ -163,3 +164,14 @@ def _text_of(content: object) -> str | None:
             return None
         texts.append(part["text"])
     return "\n".join(texts)
+
+
+def namespace_id(namespace: Namespace) -> str:
+    """The namespace's name in Redis keys (a digest: tenant and model names hold anything)."""
+    material = "\0".join((namespace.tenant, namespace.model, str(namespace.epoch)))
+    return hashlib.sha256(material.encode()).hexdigest()[:32]
+
+
+def namespace_answers(namespace: Namespace) -> str:
+    """The prefix every answer key of `namespace` starts with: an epoch's answers can be found to purge."""
+    return f"{RESULT_ANSWERS}{namespace_id(namespace)}:"

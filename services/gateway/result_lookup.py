@@ -6,9 +6,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
-from warmplane.services.gateway.result_keys import CacheQuery, Namespace
+from warmplane.services.gateway.result_keys import CacheQuery, Namespace, namespace_answers
 from warmplane.services.gateway.single_flight import Flight
-from warmplane.shared.redis_keys import RESULT_ANSWERS
 
 Tier = Literal["l1", "exact", "semantic", "flight"]
 """Where a hit came from: L1 (memory), L2 (exact, Redis), L3 (semantic, pgvector), or the answer of an
@@ -51,4 +50,4 @@ class Lookup:
 def answer_key(namespace: Namespace, exact: str) -> str:
     """The Redis key of an answer: unambiguous whatever characters a tenant or model name holds."""
     material = "\0".join((namespace.tenant, namespace.model, str(namespace.epoch), exact))
-    return RESULT_ANSWERS + hashlib.sha256(material.encode()).hexdigest()
+    return namespace_answers(namespace) + hashlib.sha256(material.encode()).hexdigest()

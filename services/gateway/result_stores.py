@@ -48,6 +48,10 @@ class AnswerStore(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
+    async def purge(self, prefix: str, limit: int) -> int:
+        """Delete up to `limit` keys that start with `prefix`; how many."""
+        ...
+
     async def lease(self, key: str, holder: str, ttl_s: float) -> bool:
         """Take the lease `key` for `holder` for `ttl_s`; False when another holds it."""
         ...
@@ -111,6 +115,20 @@ class RedisAnswers:
     async def delete(self, key: str) -> None:
         await self._client.delete(key)
 
+    async def purge(self, prefix: str, limit: int) -> int:
+        """SCAN for the prefix's keys and UNLINK them in batches (Redis frees them in the background)."""
+        purged, batch = 0, []
+        async for key in self._client.scan_iter(match=_glob(prefix) + "*", count=1_000):
+            batch.append(key)
+            if len(batch) >= 1_000:
+                purged += await self._client.unlink(*batch)
+                batch = []
+            if purged + len(batch) >= limit:
+                break
+        if batch:
+            purged += await self._client.unlink(*batch)
+        return purged
+
     async def lease(self, key: str, holder: str, ttl_s: float) -> bool:
         return bool(await self._client.set(key, holder, px=_ms(ttl_s), nx=True))
 
@@ -125,6 +143,11 @@ _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
+
+
+def _glob(prefix: str) -> str:
+    """`prefix` with Redis's glob characters escaped."""
+    return "".join("\\" + char if char in "*?[]\\" else char for char in prefix)
 
 
 def _ms(seconds: float) -> int:

@@ -16,7 +16,6 @@ The cache never re-asks a replica to warm itself, since it keeps no prompts.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 import msgspec
 import redis.asyncio as aioredis
 
-from warmplane.services.gateway.result_keys import Namespace
+from warmplane.services.gateway.result_keys import Namespace, namespace_id
 from warmplane.shared.redis_keys import RESULT_HOT, RESULT_HOT_SPACES
 
 HOUR_S = 3600
@@ -40,12 +39,6 @@ class HotAnswer:
     namespace: Namespace
     key: str
     asks: float
-
-
-def namespace_id(namespace: Namespace) -> str:
-    """The namespace's name in the record's Redis keys (a digest: tenant and model names hold anything)."""
-    material = "\0".join((namespace.tenant, namespace.model, str(namespace.epoch)))
-    return hashlib.sha256(material.encode()).hexdigest()[:32]
 
 
 class HotPrompts:

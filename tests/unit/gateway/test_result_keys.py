@@ -16,6 +16,7 @@ from warmplane.services.gateway.result_keys import (
     cache_query,
     directive,
     end_user,
+    namespace_answers,
     query_literals,
 )
 from warmplane.services.gateway.result_lookup import answer_key
@@ -145,7 +146,11 @@ def test_answer_keys_separate_tenants_models_and_epochs_whatever_their_names_hol
         answer_key(Namespace("a", "b:c", 2), "j"),
     }
     assert len(keys) == 4
-    assert all(key.startswith("warmplane:results:v2:") for key in keys)
+    assert all(key.startswith("warmplane:results:v3:") for key in keys)
+    epoch_two = namespace_answers(Namespace("a", "b:c", 2))
+    assert sorted(key for key in keys if key.startswith(epoch_two)) == sorted(
+        answer_key(Namespace("a", "b:c", 2), exact) for exact in "jk"
+    ), "an epoch's answers share its prefix, and no other's do"
 
 
 def test_scoped_by_user_the_keys_belong_to_one_end_user_and_unscoped_to_the_tenant() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from warmplane.services.gateway.result_keys import Namespace
-from warmplane.services.gateway.result_warming import HotPrompts, current_namespaces, namespace_id
+from warmplane.services.gateway.result_keys import Namespace, namespace_id
+from warmplane.services.gateway.result_warming import HotPrompts, current_namespaces
 
 
 def test_asks_waiting_for_a_flush_are_bounded_in_distinct_keys() -> None:
