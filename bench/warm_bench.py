@@ -40,7 +40,7 @@ import httpx
 from pydantic import SecretStr
 
 from bench.summary import SummaryRecorder, add_summary_option, parameters_of
-from warmplane.services.planner.app import build_planner
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.settings import IngestSettings, PlannerSettings
 from warmplane.services.warmer.core.replica import RunOrder
 from warmplane.services.warmer.plan_run import PlanRun
@@ -159,13 +159,8 @@ async def control_plane(workdir: Path) -> AsyncIterator[KafkaSettings]:
             ingest=IngestSettings(),
             metrics_port=0,
         )
-        planner = build_planner(settings)
-        task = asyncio.create_task(planner.serve())
-        try:
+        async with running_planner(settings):
             yield kafka
-        finally:
-            planner.exit()
-            await asyncio.wait_for(task, 30)
 
 
 async def plan_latencies(engine: Engine, kafka: KafkaSettings, *, rounds: int, at_once: int) -> list[float]:

@@ -174,6 +174,22 @@ def build_planner(settings: PlannerSettings) -> Planner:
     return planner
 
 
+_STOP_TIMEOUT_S = 30.0
+
+
+@contextlib.asynccontextmanager
+async def running_planner(settings: PlannerSettings) -> AsyncIterator[Planner]:
+    """A planner built from `settings` and served in this process's event loop until the block ends, then
+    stopped gracefully (drained, offsets committed). Raises TimeoutError if stopping takes over 30 s."""
+    planner = build_planner(settings)
+    task = asyncio.create_task(planner.serve())
+    try:
+        yield planner
+    finally:
+        planner.exit()
+        await asyncio.wait_for(task, _STOP_TIMEOUT_S)
+
+
 @contextlib.asynccontextmanager
 async def _running(settings: PlannerSettings, topics: Topics, parts: PlannerParts) -> AsyncIterator[None]:
     """The resources started (topics, the pool at the schema's head, the producer, the metrics endpoint)

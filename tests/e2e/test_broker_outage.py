@@ -38,11 +38,12 @@ from tests.integration.gateway_harness import (
     headers,
     metric_sample,
 )
-from tests.integration.planner_harness import events_on, poll_until, produce, running_planner
+from tests.integration.planner_harness import events_on, poll_until, produce
 from tests.integration.warmer_harness import conversation_traffic, wait_for, warmer_settings
 from tests.real_parts import planner_settings_for
 from warmplane.services.gateway.service import Gateway
 from warmplane.services.gateway.settings import GatewaySettings, StaticReplica
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.services.warmer.core.replica import Phase
 from warmplane.services.warmer.service import Warmer

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, running_planner
+from tests.integration.planner_harness import MODEL, events_by_time, poll_until, produce
 from tests.integration.warmer_harness import (
     Message,
     conversation,
@@ -28,33 +28,24 @@ from tests.integration.warmer_harness import (
     wait_for,
     warmer_settings,
 )
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.services.warmer.core.replica import Phase
 from warmplane.services.warmer.replica_driver import ReplicaDriver
 from warmplane.services.warmer.service import Warmer
 from warmplane.services.warmer.settings import WarmerSettings, WarmSettings
 from warmplane.shared.cache_salt import derive_cache_salt
-from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
     EpochBumped,
-    Event,
     ReplicaEvent,
     WarmFinished,
     WarmPlanIssued,
 )
-from warmplane.shared.settings import KafkaSettings
 from warmplane.shared.topics import Topics
 
 _TIMEOUT_S = 60.0
-
-
-async def _events(kafka: KafkaSettings, topic: str) -> list[Event]:
-    codec = EventCodec(kafka.max_event_bytes)
-    decoded = [codec.decode(record.value) for record in await read_topic(kafka, topic)]
-    events = [event for event in decoded if isinstance(event, Event)]
-    return sorted(events, key=lambda event: event.occurred_at)
 
 
 async def _fetch(dsn: str, query: str) -> list[tuple[object, ...]]:
@@ -135,18 +126,18 @@ async def test_a_starting_replica_is_warmed_verified_and_only_then_ready(
         )
         assert await _fetch(dsn, "SELECT tenant, model, epoch FROM epochs") == [("acme", MODEL.name, 1)]
 
-    plan, replan = [e for e in await _events(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
+    plan, replan = [e for e in await events_by_time(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
     assert {item.prefix_id for item in plan.items} == set(payloads)
     assert {(item.epoch, item.tenant) for item in plan.items} == {(0, "acme")}
     assert {(item.epoch, item.prefix_id) for item in replan.items} == {(1, prefix) for prefix in payloads}
-    lifecycle = [e for e in await _events(kafka, topics.lifecycle) if isinstance(e, ReplicaEvent)]
+    lifecycle = [e for e in await events_by_time(kafka, topics.lifecycle) if isinstance(e, ReplicaEvent)]
     assert [type(e).STATE for e in lifecycle] == ["starting", "loading", "warming", "ready"]
     assert (plan.trigger_event_id, replan.trigger_event_id) == (lifecycle[0].event_id, None)
     # From the weights loaded on, the lifecycle says how many tokens the engine's prefix cache holds.
     assert lifecycle[0].kv_capacity_tokens is None
     capacity = lifecycle[1].kv_capacity_tokens
     assert capacity is not None and capacity > 0 and capacity % BLOCK_SIZE == 0
-    finished = [e for e in await _events(kafka, topics.warm_results) if isinstance(e, WarmFinished)]
+    finished = [e for e in await events_by_time(kafka, topics.warm_results) if isinstance(e, WarmFinished)]
     assert [(f.plan_id, f.verified_hits, f.failures) for f in finished] == [
         (plan.plan_id, 4, []),
         (replan.plan_id, 4, []),
@@ -215,12 +206,12 @@ async def test_an_engine_killed_mid_warm_is_never_ready_and_is_rewarmed_when_it_
             expected = await full_blocks(own_engine, messages)
             assert usage["prompt_tokens_details"]["cached_tokens"] == expected
 
-    lifecycle = [e for e in await _events(kafka, topics.lifecycle) if isinstance(e, ReplicaEvent)]
+    lifecycle = [e for e in await events_by_time(kafka, topics.lifecycle) if isinstance(e, ReplicaEvent)]
     states = [type(e).STATE for e in lifecycle]
     assert states == ["starting", "loading", "warming", "failed", "starting", "loading", "warming", "ready"]
-    plans = [e for e in await _events(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
+    plans = [e for e in await events_by_time(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
     assert [plan.trigger_event_id for plan in plans] == [lifecycle[0].event_id, lifecycle[4].event_id]
-    results = [e for e in await _events(kafka, topics.warm_results) if isinstance(e, WarmFinished)]
+    results = [e for e in await events_by_time(kafka, topics.warm_results) if isinstance(e, WarmFinished)]
     by_plan = {result.plan_id: result for result in results}
     assert by_plan[plans[0].plan_id].partial and by_plan[plans[0].plan_id].failures
     assert by_plan[plans[1].plan_id].verified_hits == len(slow.payloads)
@@ -253,13 +244,13 @@ async def test_a_warmer_restarted_mid_plan_warms_the_new_start_once_and_only_the
                 usage = await real_chat(own_engine, messages, salt)
                 assert usage["prompt_tokens_details"]["cached_tokens"] > 0, "every prefix warmed"
 
-    lifecycle = [e for e in await _events(kafka, topics.lifecycle) if isinstance(e, ReplicaEvent)]
+    lifecycle = [e for e in await events_by_time(kafka, topics.lifecycle) if isinstance(e, ReplicaEvent)]
     starts = [e for e in lifecycle if type(e).STATE == "starting"]
     assert len(starts) == 2, [type(e).STATE for e in lifecycle]
     assert type(lifecycle[-1]).STATE == "ready"
-    plans = [e for e in await _events(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
+    plans = [e for e in await events_by_time(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
     assert [plan.trigger_event_id for plan in plans] == [start.event_id for start in starts]
-    results = [e for e in await _events(kafka, topics.warm_results) if isinstance(e, WarmFinished)]
+    results = [e for e in await events_by_time(kafka, topics.warm_results) if isinstance(e, WarmFinished)]
     second_plan = [r for r in results if r.plan_id == plans[1].plan_id]
     assert len(second_plan) == 1, "applied once"
     assert second_plan[0].verified_hits == len(slow.payloads) and not second_plan[0].failures

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -17,7 +16,6 @@ from typing import TypeVar
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
-from warmplane.services.planner.app import Planner, build_planner
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.event_ids import new_event_id
@@ -135,18 +133,6 @@ async def poll_until(check: Callable[[], Awaitable[bool]], *, timeout_s: float, 
         await asyncio.sleep(0.05)
 
 
-@contextlib.asynccontextmanager
-async def running_planner(settings: PlannerSettings) -> AsyncIterator[Planner]:
-    """An in-process planner, stopped gracefully (drained, offsets committed) on exit."""
-    planner = build_planner(settings)
-    task = asyncio.create_task(planner.serve())
-    try:
-        yield planner
-    finally:
-        planner.exit()
-        await asyncio.wait_for(task, 30)
-
-
 async def run_warmplane(env: dict[str, str], *args: str, timeout_s: float = 180) -> tuple[int, str]:
     """Run `warmplane ARGS` as a process with `env` (and PATH) only; (exit code, stdout and stderr)."""
     run = await asyncio.create_subprocess_exec(
@@ -209,6 +195,11 @@ async def events_on(kafka: KafkaSettings, topic: str, kind: type[E]) -> list[E]:
     codec = EventCodec(kafka.max_event_bytes)
     decoded = [codec.decode(record.value) for record in await read_topic(kafka, topic)]
     return [event for event in decoded if isinstance(event, kind)]
+
+
+async def events_by_time(kafka: KafkaSettings, topic: str) -> list[Event]:
+    """Every event on `topic` (see `read_topic`), across partitions in the order they occurred."""
+    return sorted(await events_on(kafka, topic, Event), key=lambda event: event.occurred_at)
 
 
 async def record_start(pool: asyncpg.Pool, replica: str, at: datetime) -> uuid.UUID:

@@ -35,9 +35,9 @@ from tests.integration.planner_harness import (
     read_topic,
     request,
     run_warmplane,
-    running_planner,
 )
 from tests.real_parts import fresh_database, planner_settings_for
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres

@@ -28,9 +28,9 @@ from tests.integration.planner_harness import (
     produce,
     replica_started,
     residency_report,
-    running_planner,
 )
 from warmplane.services.cli.main import main
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.events import HeldPrefixes
 

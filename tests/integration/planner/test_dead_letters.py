@@ -21,7 +21,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tests.golden_payloads import fuzzed_goldens, golden_payloads
-from tests.integration.planner_harness import poll_until, request, running_planner
+from tests.integration.planner_harness import poll_until, request
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.codec import DecodeFailure, EventCodec

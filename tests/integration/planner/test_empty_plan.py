@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, request, running_planner
+from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, request
 from tests.integration.warmer_harness import conversation, counted, ready_status, wait_for, warmer_settings
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
 from warmplane.services.warmer.service import Warmer
 from warmplane.shared.codec import EventCodec

@@ -15,19 +15,19 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 
 from tests.integration.planner.test_planner_plans import payload
-from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, request, running_planner
+from tests.integration.planner_harness import MODEL, events_by_time, poll_until, produce, request
 from tests.integration.warmer_harness import (
     conversation_traffic,
-    engine_settings,
     ready_status,
     real_chat,
     wait_for,
     warmer_settings,
 )
+from warmplane.services.devstack.fleet import engine_settings
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.services.warmer.service import Warmer
 from warmplane.shared.cache_salt import derive_cache_salt
-from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
@@ -44,16 +44,9 @@ from warmplane.shared.events import (
     WarmPlanIssued,
 )
 from warmplane.shared.hash_ring import HashRing
-from warmplane.shared.settings import KafkaSettings
 from warmplane.shared.topics import Topics
 
 _TIMEOUT_S = 60.0
-
-
-async def _events(kafka: KafkaSettings, topic: str) -> list[Event]:
-    codec = EventCodec(kafka.max_event_bytes)
-    decoded = [codec.decode(record.value) for record in await read_topic(kafka, topic)]
-    return sorted((e for e in decoded if isinstance(e, Event)), key=lambda e: e.occurred_at)
 
 
 async def _value(dsn: str, query: str) -> object:
@@ -108,11 +101,11 @@ async def test_a_deploy_bumps_the_epoch_and_the_warmer_warms_the_new_one(
         published = "SELECT count(*) FROM epochs WHERE published_at IS NOT NULL"
         assert await _value(dsn, published) == 1
 
-    bumps = [e for e in await _events(kafka, topics.lifecycle) if isinstance(e, EpochBumped)]
+    bumps = [e for e in await events_by_time(kafka, topics.lifecycle) if isinstance(e, EpochBumped)]
     assert [(b.tenant, b.epoch, b.producer, b.model.revision) for b in bumps] == [
         ("acme", 1, "planner", "rev-2")
     ]
-    plans = [e for e in await _events(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
+    plans = [e for e in await events_by_time(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
     assert [(p.epoch, {i.epoch for i in p.items}, len(p.items)) for p in plans] == [
         (0, {0}, len(payloads)),
         (1, {1}, len(payloads)),
@@ -148,7 +141,7 @@ async def test_a_deploy_bumps_each_tenant_once_per_revision_in_postgres_and_on_t
         unpublished = "SELECT count(*) FROM epochs WHERE published_at IS NULL"
         assert await _value(dsn, unpublished) == 0
 
-    bumps = [e for e in await _events(kafka, topics.lifecycle) if isinstance(e, EpochBumped)]
+    bumps = [e for e in await events_by_time(kafka, topics.lifecycle) if isinstance(e, EpochBumped)]
     assert sorted((b.tenant, b.epoch) for b in bumps) == [
         ("acme", 1),
         ("acme", 2),
@@ -195,10 +188,10 @@ async def test_a_scaled_up_replica_is_warmed_before_it_turns_ready(
             await wait_for(lambda: second.tracker.ready, timeout_s=_TIMEOUT_S, what="the new replica ready")
             assert not second.tracker.partial, second.tracker.reason
 
-    events = await _events(kafka, topics.lifecycle)
+    events = await events_by_time(kafka, topics.lifecycle)
     new = [e for e in events if isinstance(e, ReplicaEvent) and e.replica == "node-s-r1"]
     assert [type(e).STATE for e in new] == ["starting", "loading", "warming", "ready"]
-    plans = [e for e in await _events(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
+    plans = [e for e in await events_by_time(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
     # The first replica took everything alone; the scale-up gave it nothing new to warm (its share only
     # shrank), so its only plan is its start's.
     assert [p.replica for p in plans] == [first.replica, "node-s-r1"]
@@ -207,7 +200,7 @@ async def test_a_scaled_up_replica_is_warmed_before_it_turns_ready(
     assert {i.prefix_id for i in plans[0].items} == set(payloads)
     assert {i.prefix_id for i in plans[1].items} == share and share
     finished = {
-        e.plan_id: e for e in await _events(kafka, topics.warm_results) if isinstance(e, WarmFinished)
+        e.plan_id: e for e in await events_by_time(kafka, topics.warm_results) if isinstance(e, WarmFinished)
     }
     became_ready = next(e for e in new if isinstance(e, ReplicaBecameReady))
     result = finished[plans[1].plan_id]
@@ -276,7 +269,7 @@ async def test_the_cold_start_alarm_fires_once_records_itself_and_re_plans(
         fired = planner.metrics.cold_start_alarms.labels(model=MODEL.name)._value.get()
         assert fired == 1
 
-    plans = [e for e in await _events(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
+    plans = [e for e in await events_by_time(kafka, topics.plans) if isinstance(e, WarmPlanIssued)]
     # The start's plan (nothing known yet), then the alarm's: the catalogued prefixes of the cold traffic.
     assert [(p.replica, len(p.items)) for p in plans] == [("r-c", 0), ("r-c", 10)]
     assert plans[1].trigger_event_id is None

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import msgspec
 
-from tests.integration.planner_harness import MODEL, poll_until, produce, request, running_planner
+from tests.integration.planner_harness import MODEL, poll_until, produce, request
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (

@@ -19,8 +19,8 @@ from tests.integration.planner_harness import (
     read_topic,
     record_start,
     request,
-    running_planner,
 )
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.plan_choice import ModelStatistics

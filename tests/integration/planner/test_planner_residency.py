@@ -18,8 +18,8 @@ from tests.integration.planner_harness import (
     record_start,
     replica_started,
     residency_report,
-    running_planner,
 )
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.core.recent_ids import unpack_ids
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.pg_residency import record_residency

@@ -10,7 +10,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.integration.planner_harness import poll_until, produce, replica_started, request, running_planner
+from tests.integration.planner_harness import poll_until, produce, replica_started, request
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.plan_choice import Choice, WarmSetChooser
 from warmplane.services.planner.settings import PlannerSettings
 

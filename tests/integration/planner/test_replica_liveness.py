@@ -12,7 +12,8 @@ from datetime import UTC, datetime
 import asyncpg
 
 from tests.integration.planner.test_planner_plans import payload
-from tests.integration.planner_harness import MODEL, events_on, poll_until, produce, request, running_planner
+from tests.integration.planner_harness import MODEL, events_on, poll_until, produce, request
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (

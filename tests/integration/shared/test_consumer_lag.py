@@ -13,8 +13,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.planner_harness import poll_until, produce, request, running_planner
-from warmplane.services.planner.app import planner_topics
+from tests.integration.planner_harness import poll_until, produce, request
+from warmplane.services.planner.app import planner_topics, running_planner
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.services.warmer.service import Warmer
 from warmplane.services.warmer.settings import EngineSettings, WarmerSettings

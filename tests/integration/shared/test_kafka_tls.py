@@ -18,11 +18,12 @@ from aiokafka.errors import KafkaConnectionError
 from aiokafka.structs import ConsumerRecord
 
 from tests.integration.gateway_harness import epoch_bumped
-from tests.integration.planner_harness import poll_until, request, running_planner
+from tests.integration.planner_harness import poll_until, request
 from tests.integration.tls_terminator import TlsTerminator, make_certificates, server_context
 from tests.integration.warmer_harness import counted
 from tests.real_parts import planner_settings_for
 from warmplane.services.cli.request_topic import read_requests
+from warmplane.services.planner.app import running_planner
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka
 from warmplane.shared.embedded.processes import free_port

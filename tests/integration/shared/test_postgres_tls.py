@@ -27,11 +27,11 @@ from tests.integration.planner_harness import (
     produce,
     request,
     run_warmplane,
-    running_planner,
 )
 from tests.integration.tls_terminator import TlsTerminator, make_certificates, server_context
 from tests.integration.warmer_harness import counted
 from tests.real_parts import planner_settings_for
+from warmplane.services.planner.app import running_planner
 from warmplane.shared.embedded import EmbeddedKafka
 from warmplane.shared.embedded.postgres_server import EmbeddedPostgres
 from warmplane.shared.settings import PostgresSettings

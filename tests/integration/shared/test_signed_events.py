@@ -18,11 +18,12 @@ from pydantic import SecretStr
 
 from tests.integration.gateway_harness import kafka_settings
 from tests.integration.planner.test_dead_letters import DeadLetterReader, dead_lettered_by_reason
-from tests.integration.planner_harness import MODEL, poll_until, running_planner
+from tests.integration.planner_harness import MODEL, poll_until
 from tests.integration.warmer_harness import warmer_settings
 from warmplane.services.gateway.lifecycle_follower import LifecycleFollower
 from warmplane.services.gateway.membership import ReplicaTable
 from warmplane.services.gateway.tenants import EpochBook
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.services.warmer.service import Warmer
 from warmplane.shared.codec import EventCodec

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.integration.light_install import BesideVllm
-from tests.integration.planner_harness import events_on, poll_until, running_planner
+from tests.integration.planner_harness import events_on, poll_until
 from tests.integration.warmer_harness import (
     Message,
     conversation,
@@ -29,6 +29,7 @@ from tests.integration.warmer_harness import (
     wait_for,
     warmer_settings,
 )
+from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.services.warmer.service import Warmer
 from warmplane.shared.embedded.vllm_engine import BLOCK_SIZE, EmbeddedVllm, ensure_tiny_model
