@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.unit.warmer.test_replica_driver_stop import _SilentEngine
+from tests.unit.warmer.memory_engine import MemoryEngine
 from tests.unit.warmer.test_replica_tracker import tracker
 from warmplane.services.warmer.core.replica import Phase
 from warmplane.services.warmer.metrics import WarmerMetrics
@@ -19,23 +19,20 @@ from warmplane.shared.cache_salt import SaltBook
 from warmplane.shared.events import Event, ReplicaEvent
 
 
-class _DrainingEngine(_SilentEngine):
-    """An engine whose `/metrics` reports `counts` in turn (the last one from then on); it answers
-    `/health` while `alive`."""
+class _DrainingEngine(MemoryEngine):
+    """A memory engine whose `/metrics` reports `counts` requests in flight in turn (the last one from then
+    on), while it is `answering`."""
 
-    def __init__(self, counts: list[int | None], *, alive: bool = True) -> None:
+    def __init__(self, counts: list[int | None], *, answering: bool = True) -> None:
+        super().__init__(answering=answering)
         self._counts: Iterator[int | None] = iter(counts)
         self._last: int | None = None
-        self.alive = alive
         self.asked = 0
 
     async def requests_in_flight(self) -> int | None:
         self.asked += 1
         self._last = next(self._counts, self._last)
         return self._last
-
-    async def health(self) -> bool:
-        return self.alive
 
 
 def driving(engine: _DrainingEngine, published: list[Event]) -> ReplicaDriver:
@@ -71,7 +68,7 @@ async def test_stopped_follows_draining_once_the_engine_has_no_request_in_flight
 
 
 async def test_an_engine_that_is_gone_is_drained() -> None:
-    (_, stopped) = await drained(_DrainingEngine([None], alive=False))
+    (_, stopped) = await drained(_DrainingEngine([None], answering=False))
 
     assert stopped.reason == "drained: the engine no longer answers"
 

@@ -13,36 +13,13 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.unit.warmer.memory_engine import MemoryEngine
 from tests.unit.warmer.test_replica_tracker import tracker
 from warmplane.services.warmer.metrics import WarmerMetrics
 from warmplane.services.warmer.replica_driver import ReplicaDriver
 from warmplane.services.warmer.settings import EngineSettings, WarmSettings
-from warmplane.services.warmer.vllm_client import WARM_PRIORITY, WarmFailed, WarmResult
 from warmplane.shared.cache_salt import SaltBook
-from warmplane.shared.events import Event, PrefixPayload
-
-
-class _SilentEngine:
-    """An engine that does not answer yet: every health check says so at once (and nothing warms)."""
-
-    block_size = 16
-
-    def expected_cached_tokens(self, prompt_tokens: int) -> int:
-        return 0
-
-    async def health(self) -> bool:
-        return False
-
-    async def kv_capacity_tokens(self) -> int | None:
-        return None
-
-    async def requests_in_flight(self) -> int | None:
-        return None
-
-    async def warm(
-        self, payload: PrefixPayload, *, cache_salt: str, priority: int = WARM_PRIORITY
-    ) -> WarmResult:
-        raise WarmFailed("not answering", retryable=True)
+from warmplane.shared.events import Event
 
 
 async def test_a_cancel_that_meets_a_wake_up_still_stops_the_driver() -> None:
@@ -50,7 +27,7 @@ async def test_a_cancel_that_meets_a_wake_up_still_stops_the_driver() -> None:
     driver = ReplicaDriver(
         node="node-0",
         engine=EngineSettings(replica="replica-0", url="http://127.0.0.1:9", served_model="m"),
-        client=_SilentEngine(),
+        client=MemoryEngine(answering=False),  # not answering yet: nothing warms
         tracker=tracker(),
         salts=SaltBook({}),
         warm=WarmSettings(health_interval_s=60, progress_interval_s=60),

@@ -8,43 +8,18 @@ import contextlib
 
 from pydantic import SecretStr
 
+from tests.unit.warmer.memory_engine import MemoryEngine
 from warmplane.services.warmer.core.kv_index import block_chain
 from warmplane.services.warmer.residency_watch import ResidencyWatch
 from warmplane.services.warmer.settings import EngineSettings, WarmSettings
-from warmplane.services.warmer.vllm_client import WARM_PRIORITY, WarmFailed, WarmResult
 from warmplane.shared.cache_salt import SaltBook
 from warmplane.shared.events import HeldPrefixes, PrefixPayload
 
 KEY = ("acme", "m", "", 0, 7)
 
 
-class _RefusingEngine:
-    block_size = 4
-
-    def __init__(self) -> None:
-        self.probes = 0
-
-    async def warm(
-        self, payload: PrefixPayload, *, cache_salt: str, priority: int = WARM_PRIORITY
-    ) -> WarmResult:
-        self.probes += 1
-        raise WarmFailed("POST /v1/completions: ConnectError", retryable=True)
-
-    def expected_cached_tokens(self, prompt_tokens: int) -> int:
-        return 4 * ((prompt_tokens - 1) // 4)
-
-    async def health(self) -> bool:
-        return True
-
-    async def kv_capacity_tokens(self) -> int | None:
-        return None
-
-    async def requests_in_flight(self) -> int | None:
-        return None
-
-
 async def test_a_failed_probe_is_not_retried_at_once() -> None:
-    engine = _RefusingEngine()
+    engine = MemoryEngine(block_size=4, answering=False)  # every probe is refused
     reports: list[tuple[list[HeldPrefixes], int, bool]] = []
     watch = ResidencyWatch(
         engine=EngineSettings(
@@ -66,7 +41,7 @@ async def test_a_failed_probe_is_not_retried_at_once() -> None:
         probing = watch._probing
         if probing is not None:
             await probing
-    assert engine.probes == 1
+    assert len(engine.requests) == 1
     assert reports and reports[-1][2] is False, "unsure until a probe settles it"
     assert held == {KEY}, "a prefix no probe could check stays held"
 
@@ -78,7 +53,7 @@ async def test_a_failed_subscription_doubts_the_index_and_is_tried_again() -> No
             replica="r0", url="http://127.0.0.1:9", served_model="m", kv_events_endpoint="tcp://no-port"
         ),
         warm=WarmSettings(),
-        client=_RefusingEngine(),
+        client=MemoryEngine(answering=False),
         salts=SaltBook({}),
         report=lambda held, lost, complete: None,
         wake=woken.set,

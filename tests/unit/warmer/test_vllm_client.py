@@ -53,7 +53,7 @@ async def test_chat_warm_renders_a_complete_turn_at_warm_priority() -> None:
     assert chat_path == "/v1/chat/completions"
     assert chat["add_generation_prompt"] is False
     assert chat["continue_final_message"] is False
-    assert (chat["max_tokens"], chat["priority"], chat["cache_salt"]) == (1, 10, "salt")
+    assert (chat["model"], chat["max_tokens"], chat["priority"], chat["cache_salt"]) == ("m", 1, 10, "salt")
     assert chat["stream"] is False
     assert completions_path == "/v1/completions"
     assert (completions["prompt"], completions["priority"]) == ([5, 6, 7], 3)
@@ -78,19 +78,30 @@ async def test_missing_cached_tokens_count_as_zero() -> None:
 
 
 @pytest.mark.parametrize(
-    ("response", "fragment"),
+    ("response", "fragment", "retryable"),
     [
-        (httpx.Response(400, json={"error": {"message": "bad\nsalt", "code": 400}}), "HTTP 400: bad salt"),
-        (httpx.Response(503, json={"object": "error", "message": "overloaded"}), "HTTP 503: overloaded"),
-        (httpx.Response(500, text="Internal Server Error"), "HTTP 500: Internal Server Error"),
-        (httpx.Response(200, text="not json"), "not JSON"),
-        (httpx.Response(200, json={"choices": []}), "without usage.prompt_tokens"),
+        (
+            httpx.Response(400, json={"error": {"message": "bad\nsalt", "code": 400}}),
+            "HTTP 400: bad salt",
+            False,
+        ),
+        (
+            httpx.Response(503, json={"object": "error", "message": "overloaded"}),
+            "HTTP 503: overloaded",
+            True,
+        ),
+        (httpx.Response(500, text="Internal Server Error"), "HTTP 500: Internal Server Error", True),
+        (httpx.Response(200, text="not json"), "not JSON", False),
+        (httpx.Response(200, json={"choices": []}), "without usage.prompt_tokens", False),
     ],
 )
-async def test_bad_answers_raise_warm_failed(response: httpx.Response, fragment: str) -> None:
+async def test_bad_answers_raise_warm_failed_retryable_only_for_a_server_error(
+    response: httpx.Response, fragment: str, retryable: bool
+) -> None:
     async with _client(lambda _: response) as client:
-        with pytest.raises(WarmFailed, match=fragment):
+        with pytest.raises(WarmFailed, match=fragment) as failure:
             await client.warm(CHAT, cache_salt="s")
+    assert failure.value.retryable is retryable
 
 
 @pytest.mark.parametrize(
@@ -102,7 +113,7 @@ async def test_bad_answers_raise_warm_failed(response: httpx.Response, fragment:
         (httpx.RemoteProtocolError("eof"), "RemoteProtocolError"),
     ],
 )
-async def test_transport_errors_raise_warm_failed_and_health_is_false(
+async def test_transport_errors_raise_a_retryable_warm_failed_and_health_is_false(
     error: httpx.HTTPError, fragment: str
 ) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
@@ -110,8 +121,9 @@ async def test_transport_errors_raise_warm_failed_and_health_is_false(
 
     async with _client(handler) as client:
         assert await client.health() is False
-        with pytest.raises(WarmFailed, match=fragment):
+        with pytest.raises(WarmFailed, match=fragment) as failure:
             await client.warm(CHAT, cache_salt="s")
+    assert failure.value.retryable
 
 
 async def test_token_ids_tokenize_without_a_request() -> None:
