@@ -32,6 +32,7 @@ from warmplane.shared.embedded import EmbeddedPostgres
 from warmplane.shared.embedded.processes import log_tail, start_process, stop_process_group
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import Event, ModelRef, PrefixPayload, RequestObserved
+from warmplane.shared.group_consumer import stop_reader
 from warmplane.shared.settings import KafkaSettings, PostgresSettings, settings_environment
 from warmplane.shared.topics import Topics
 
@@ -198,12 +199,7 @@ class LifecycleWatch:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
+        await stop_reader(self._task, self._consumer)
 
     async def _read(self, consumer: AIOKafkaConsumer) -> None:
         while True:

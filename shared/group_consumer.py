@@ -1,7 +1,11 @@
 """The consumer a service reads a control topic with (plans, lifecycle): one home for how it joins its group,
-how long a fetch waits and how patient it is, so every service treats the broker alike."""
+how long a fetch waits and how patient it is, so every service treats the broker alike; and how a reader of
+one is stopped."""
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
 
 from aiokafka import AIOKafkaConsumer
 
@@ -27,3 +31,14 @@ def group_consumer(kafka: KafkaSettings, *topics: str, name: str, group_id: str)
         request_timeout_ms=max(kafka.request_timeout_ms, kafka.session_timeout_ms + 1),
         fetch_max_wait_ms=kafka.fetch_max_wait_ms,
     )
+
+
+async def stop_reader(task: asyncio.Task[None] | None, consumer: AIOKafkaConsumer | None) -> None:
+    """Stop a background reader: cancel `task` (its reading loop) and wait for it to end, then stop
+    `consumer`, so no fetch is left in flight on a stopped client. Either may be None (never started)."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if consumer is not None:
+        await consumer.stop()

@@ -11,7 +11,6 @@ the missing ones (`Fleet.schedule`). The main job's own scale-up goes this way t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from typing import Self
@@ -22,7 +21,7 @@ from warmplane.services.devstack.fleet import Fleet
 from warmplane.services.warmer.replica_driver import ReplicaDriver
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.events import FleetScaled
-from warmplane.shared.group_consumer import group_consumer
+from warmplane.shared.group_consumer import group_consumer, stop_reader
 from warmplane.shared.settings import KafkaSettings
 from warmplane.shared.topics import Topics
 
@@ -54,12 +53,7 @@ class DevAutoscaler:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
+        await stop_reader(self._task, self._consumer)
 
     async def next_scheduled(self, timeout_s: float = 60.0) -> ReplicaDriver:
         """The next replica scheduled; raises if the autoscaler stopped, or `TimeoutError`."""

@@ -13,7 +13,6 @@ dead-letter them: every instance reads the whole topic, and the planner's group 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
 
@@ -24,7 +23,7 @@ from warmplane.services.gateway.tenants import EpochBook
 from warmplane.shared.codec import DecodeFailure, EventCodec
 from warmplane.shared.event_signing import EventSigner
 from warmplane.shared.events import EpochBumped
-from warmplane.shared.group_consumer import group_consumer
+from warmplane.shared.group_consumer import group_consumer, stop_reader
 from warmplane.shared.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -66,12 +65,7 @@ class LifecycleFollower:
         self._task.add_done_callback(_report_death)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
+        await stop_reader(self._task, self._consumer)
 
     async def _run(self, consumer: AIOKafkaConsumer) -> None:
         while True:
