@@ -18,6 +18,7 @@ from tests.integration.planner.test_planner_plans import payload
 from tests.integration.planner_harness import MODEL, events_by_time, poll_until, produce, request
 from tests.integration.warmer_harness import (
     conversation_traffic,
+    counted,
     ready_status,
     real_chat,
     wait_for,
@@ -77,10 +78,9 @@ async def test_a_deploy_bumps_the_epoch_and_the_warmer_warms_the_new_one(
     traffic, payloads = conversation_traffic(rng, 3, repeats=3)
     await produce(kafka, traffic)
     dsn = planner_settings.postgres.asyncpg_dsn()
-    counted = "SELECT coalesce(sum(requests), 0) FROM prefix_stats"
     settings = warmer_settings(kafka, [vllm_engine], node="node-d", secrets={"acme": secret})
     async with running_planner(planner_settings):
-        await poll_until(lambda: _is(dsn, counted, len(traffic)), timeout_s=_TIMEOUT_S, what="traffic")
+        await poll_until(lambda: counted(dsn, len(traffic)), timeout_s=_TIMEOUT_S, what="traffic")
         async with Warmer(settings) as warmer:
             [driver] = warmer.drivers.values()
             await wait_for(lambda: driver.tracker.ready, timeout_s=_TIMEOUT_S, what="the replica ready")
@@ -122,8 +122,7 @@ async def test_a_deploy_bumps_each_tenant_once_per_revision_in_postgres_and_on_t
     bumped = "SELECT count(*) FROM fleet_changes WHERE type = 'epoch.bumped'"
     async with running_planner(planner_settings):
         await produce(kafka, traffic)
-        counted = "SELECT coalesce(sum(requests), 0) FROM prefix_stats"
-        await poll_until(lambda: _is(dsn, counted, 2), timeout_s=_TIMEOUT_S, what="traffic")
+        await poll_until(lambda: counted(dsn, 2), timeout_s=_TIMEOUT_S, what="traffic")
         # started and finished of one rollout, then a redelivered started: one bump per tenant.
         started = _deploy(DeployStarted, "rev-2")
         await produce(kafka, [started, _deploy(DeployFinished, "rev-2"), started])
@@ -167,10 +166,9 @@ async def test_a_scaled_up_replica_is_warmed_before_it_turns_ready(
     traffic, payloads = conversation_traffic(rng, 20, repeats=3)
     await produce(kafka, traffic)
     dsn = planner_settings.postgres.asyncpg_dsn()
-    counted = "SELECT coalesce(sum(requests), 0) FROM prefix_stats"
     settings = warmer_settings(kafka, [vllm_engine], node="node-s", secrets={"acme": uuid.uuid4().hex})
     async with running_planner(planner_settings):
-        await poll_until(lambda: _is(dsn, counted, len(traffic)), timeout_s=_TIMEOUT_S, what="traffic")
+        await poll_until(lambda: counted(dsn, len(traffic)), timeout_s=_TIMEOUT_S, what="traffic")
         async with Warmer(settings) as warmer:
             [first] = warmer.drivers.values()
             await wait_for(lambda: first.tracker.ready, timeout_s=_TIMEOUT_S, what="the first replica ready")
@@ -261,8 +259,7 @@ async def test_the_cold_start_alarm_fires_once_records_itself_and_re_plans(
         # Still cold for two more minutes: the open alarm is not fired again.
         for m in (7, 8):
             await produce(kafka, minute(m, cold=9))
-        counted = "SELECT coalesce(sum(requests), 0) FROM prefix_stats"
-        await poll_until(lambda: _is(dsn, counted, 90), timeout_s=_TIMEOUT_S, what="all counted")
+        await poll_until(lambda: counted(dsn, 90), timeout_s=_TIMEOUT_S, what="all counted")
         assert await _value(dsn, alarms) == 1
         assert await _value(dsn, "SELECT cleared_at IS NULL FROM cold_start_alarms") is True
         assert await _value(dsn, "SELECT requests FROM cold_start_alarms") == 50
