@@ -1,10 +1,13 @@
 """The learned embedder: a sentence encoder in a worker process beside the gateway, fed in batches
 (`embedding_batches.py`).
 
-Why a process: encoding a query is milliseconds of CPU (`bert_encoder.py`), and part of it is numpy's
-element-wise work that holds the GIL; in the gateway's own process that would stall its event loop, which
-relays every stream. A worker process keeps the loop free; a query and its vector cross the pipe in
-microseconds (`bench/embedding_bench.py` measures both placements).
+Why a process: encoding a query is milliseconds of CPU (`bert_encoder.py`), part of it numpy's element-wise
+work that holds the GIL, and the model is native code with its own memory and threads. A worker process
+keeps all of that out of the gateway, which relays every stream: the worker's BLAS is held to one thread,
+and a crash in it costs a few queries, not the gateway. Measured side by side (`bench.embedding_bench`), the
+event loop's lag is about the same with the model in a thread of the gateway on two cores, which encodes a
+fifth more queries a second by letting BLAS take both cores from the loop; a query and its vector cross the
+pipe in well under a millisecond. Isolation decides it.
 
 A worker that dies is replaced on the next query; the queries it held fail (the cache counts them and
 serves them from a replica).
