@@ -80,6 +80,10 @@ class QueryIndex(Protocol):
         """Delete at most `limit` rows of (tenant, model) from epochs before `epoch`; how many were."""
         ...
 
+    async def trim(self, keep: int, limit: int) -> int:
+        """Delete the soonest to expire of the rows past `keep`, at most `limit`; how many were."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class ResultStores:
@@ -190,6 +194,12 @@ DELETE FROM result_queries WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM result_queries WHERE tenant = $1 AND model = $2 AND epoch < $3 LIMIT $4
 ))
 """
+_TRIM = """
+DELETE FROM result_queries WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM result_queries ORDER BY expires_at
+    LIMIT LEAST(GREATEST((SELECT count(*) FROM result_queries) - $1, 0), $2)
+))
+"""
 _SWEEP = """
 DELETE FROM result_queries WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM result_queries WHERE expires_at <= now() LIMIT $1
@@ -225,6 +235,9 @@ class PgQueryIndex:
 
     async def retire(self, tenant: str, model: str, epoch: int, limit: int) -> int:
         return _deleted(await self._pool.execute(_RETIRE, tenant, model, epoch, limit))
+
+    async def trim(self, keep: int, limit: int) -> int:
+        return _deleted(await self._pool.execute(_TRIM, keep, limit))
 
 
 def _deleted(status: str) -> int:

@@ -5,7 +5,7 @@ A query is embedded once per request (`Lookup.vector`), only when it has text wi
 an embedding that fails or takes longer than `embedding_timeout_s` skips the tier for that request
 (counted by reason). Vectors that can no longer be found are deleted by `sweep`: those past their expiry,
 and those of an epoch a bump retired (unreachable at once, as the epoch is in their scope), which a bump
-brings the next sweep forward for.
+brings the next sweep forward for; past `max_query_vectors`, the soonest to expire go first.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ class SemanticTier:
 
     async def sweep(self, limit: int) -> int:
         """Delete retired epochs' vectors (at most `limit` per (tenant, model)), then at most `limit`
-        expired ones; how many were deleted. Raises what the index raises; a later sweep deletes the
+        expired ones, then at most `limit` of those past `max_query_vectors` (the soonest to expire);
+        how many were deleted. Raises what the index raises; a later sweep deletes the
         rest."""
         deleted = 0
         for pair, epoch in list(self._retired.items()):
@@ -86,4 +87,5 @@ class SemanticTier:
             deleted += swept
             if swept < limit and self._retired.get(pair) == epoch:
                 del self._retired[pair]
-        return deleted + await self._index.sweep(limit)
+        deleted += await self._index.sweep(limit)
+        return deleted + await self._index.trim(self._settings.max_query_vectors, limit)

@@ -151,6 +151,9 @@ class ResultCacheSettings(BaseModel):
     """Longest a request waits on the cache before it is served by a replica (counted as an error)."""
     max_pending_keeps: Annotated[int, Field(ge=1)] = 256
     """Answers being written in the background, at most; more are not kept (counted as dropped)."""
+    max_query_vectors: Annotated[int, Field(ge=1)] = 1_000_000
+    """L3's bound: past this many query vectors in Postgres, each sweep deletes the soonest to expire
+    (L2's is Redis's own `maxmemory` with `volatile-lru`: every answer has a time to live)."""
     sweep_s: Seconds = 60.0
     """How often expired query vectors are deleted from Postgres."""
     embedder: Literal["minilm", "openai", "ngram"] = "minilm"

