@@ -114,6 +114,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=defaults.bucket_seconds,
         help="warmplane: statistics bucket, s (the planner's)",
     )
+    parser.add_argument(
+        "--admit-after",
+        type=int,
+        default=defaults.admit_after,
+        help="warmplane: store a chain node once this many requests passed it (2: a first-sighting filter)",
+    )
     parser.add_argument("--output", type=Path, help="write the command, parameters and tables here")
     parser.add_argument(
         "--plot", type=Path, help="draw the frontiers here (PNG; needs matplotlib, the bench extra)"
@@ -138,6 +144,7 @@ def params_from(args: argparse.Namespace) -> EvalParams:
         min_reuse=args.min_reuse,
         min_saved_tokens=args.min_saved_tokens,
         bucket_seconds=args.bucket_seconds,
+        admit_after=args.admit_after,
     )
 
 

@@ -21,7 +21,10 @@ class EvalParams:
     (s): requests counted as a replica's load by the ring's bounded-load pick; `half_life` (s),
     `frequency_half_life` (s, None for none), `ramp_window` (s), `min_reuse`, `min_saved_tokens` and
     `bucket_seconds`: the planner policy's knobs, its floor on a plan's expected saving and its statistics
-    bucket. The cap and the knobs default to the planner's own.
+    bucket. The cap and the knobs default to the planner's own. `admit_after`: the history is stored as
+    if behind a sighting filter, a chain node kept once that many requests have passed it and a request
+    counted at its deepest kept node (1, the planner's store, keeps every node; 2 is a first-sighting
+    filter, issue 19's candidate for chat-scale storage).
     """
 
     block_tokens: int = 512
@@ -38,10 +41,13 @@ class EvalParams:
     min_reuse: float = _PLANNER.min_reuse_probability
     min_saved_tokens: int = _PLANNER.min_expected_saved_tokens
     bucket_seconds: int = 60
+    admit_after: int = 1
 
     def __post_init__(self) -> None:
         if self.block_tokens <= 0 or self.capacity_blocks <= 0 or self.replicas <= 0:
             raise ValueError("block_tokens, capacity_blocks and replicas must be positive")
+        if self.admit_after < 1:
+            raise ValueError("admit_after counts sightings: at least 1")
         if not 0.0 <= self.join_at <= 1.0:
             raise ValueError("join_at is a share of the trace's span, in [0, 1]")
         if self.frequency_half_life is not None and not self.frequency_half_life > self.half_life:

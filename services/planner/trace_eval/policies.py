@@ -120,17 +120,22 @@ def planner_view(
     history: Sequence[Request], join_t: float, after: HashRing, routing_depth: int, params: EvalParams
 ) -> PlannerView:
     """The history stored as the planner stores it (each prefix's parent and cumulative tokens, requests
-    per leaf and `bucket_seconds` bucket), then `trie_from_counts` and `fit_calibration`, as
-    `plan_choice.WarmSetChooser` calls them."""
+    per leaf and `bucket_seconds` bucket; behind `params.admit_after`'s sighting filter), then
+    `trie_from_counts` and `fit_calibration`, as `plan_choice.WarmSetChooser` calls them."""
     width = params.bucket_seconds
     prefixes: dict[int, StoredPrefix] = {}
     counts: Counter[tuple[int, int]] = Counter()
+    sightings: Counter[int] = Counter()
     for request in history:
-        parent = None
+        sightings.update(request.chain)
+        parent = kept = None
         for block, tokens in zip(request.chain, request.cumulative, strict=True):
+            if sightings[block] < params.admit_after:
+                break  # a child is never seen more often than its parent: the rest is not kept either
             prefixes.setdefault(block, StoredPrefix(block, parent, tokens))
-            parent = block
-        counts[(request.chain[-1], int(request.t // width))] += 1
+            parent = kept = block
+        if kept is not None:
+            counts[(kept, int(request.t // width))] += 1
     leaves = [LeafCount(leaf, bucket * width + width / 2, n) for (leaf, bucket), n in counts.items()]
     knobs = PolicyKnobs(
         params.half_life,

@@ -9,6 +9,8 @@ NOTES = (
     "The warmplane row runs the planner's own code path: the history before the join stored as the planner"
     " stores it (requests per leaf and --bucket-seconds bucket), then policy.trie_from_counts,"
     " policy.fit_calibration and policy.choose_for_replica, the functions plan_choice.WarmSetChooser calls."
+    " With --admit-after above 1 (admit_after among the parameters) the store keeps a chain node only once"
+    " that many requests have passed it, a sighting filter, each request counted at its deepest kept node."
     " Its knobs and cap are the planner's defaults (policy.PolicyKnobs): a prefix's score is its expected"
     " uses in the ramp window (300 s) from a rate that is the mean of a recency estimate (half-life 60 s)"
     " and a frequency estimate (half-life 600 s); the score is mapped to a probability of reuse by an"

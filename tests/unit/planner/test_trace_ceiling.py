@@ -1,15 +1,19 @@
-"""The evaluator's ceiling: what a policy knowing only the history could warm usefully, within the cap."""
+"""The evaluator's ceiling and its store: what a policy knowing only the history could warm usefully, within
+the cap; the history as a sighting filter would keep it."""
 
 from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from warmplane.services.planner.trace_eval.evaluation import ceiling_blocks, evaluate
 from warmplane.services.planner.trace_eval.fleet_sim import Request
 from warmplane.services.planner.trace_eval.params import EvalParams
+from warmplane.services.planner.trace_eval.policies import planner_view
+from warmplane.shared.hash_ring import HashRing
 
 BLOCK = 10
 
@@ -65,3 +69,16 @@ def test_on_traffic_that_never_repeats_the_planner_warms_nothing_and_says_why() 
     assert result.calibration.startswith("fitted on ")
     assert result.calibration_gap <= 0.05
     assert all(point.tokens == 0 for point in result.frontier if float(point.label) > 0)
+
+
+def test_a_sighting_filter_keeps_nodes_passed_often_enough_and_counts_each_request_where_cut() -> None:
+    history = [request(0, 1, 2, 3), request(10, 1, 2, 4), request(20, 1, 5)]
+    ring = HashRing(["r0"])
+    every = planner_view(history, 30, ring, 0, EvalParams(block_tokens=BLOCK))
+    filtered = planner_view(history, 30, ring, 0, EvalParams(block_tokens=BLOCK, admit_after=2))
+    assert {node.prefix_id for node in every.trie.nodes()} == {1, 2, 3, 4, 5}
+    # 1 is passed three times and 2 twice: kept; 3, 4 and 5 once: not. The first request passed only nodes
+    # not yet seen and counts nowhere; the second counts at 2, the third at 1, each where it was cut.
+    assert {node.prefix_id for node in filtered.trie.nodes()} == {1, 2}
+    assert (every.trie.count(1, 30), every.trie.count(2, 30)) == pytest.approx((3.0, 2.0))
+    assert (filtered.trie.count(1, 30), filtered.trie.count(2, 30)) == pytest.approx((2.0, 1.0))
