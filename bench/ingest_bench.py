@@ -42,6 +42,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -187,10 +188,37 @@ async def raw_loop(kafka: KafkaSettings, total: int) -> float:
         await consumer.stop()
 
 
+@dataclass(frozen=True, slots=True)
+class PlannerCost:
+    """One in-process planner's run: its rate, CPU an event (its own, and Postgres's meanwhile), and the
+    bytes its tables hold an event once every event is committed."""
+
+    rate: float
+    planner_us: float
+    postgres_us: float
+    stored_bytes: dict[str, float]
+    """Bytes an event, by table (heap, indexes and TOAST, as written: no VACUUM FULL)."""
+    wal_bytes: float
+    """Write-ahead log an event: what a replica of the database, or its disk, takes per event."""
+
+
+STORED_BYTES = """
+SELECT c.relname, pg_total_relation_size(c.oid)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND c.relname <> 'alembic_version'
+"""
+
+
 async def planner_run(
     settings: PlannerSettings, total: int, requests: int, parts: dict[str, int | None]
-) -> float:
-    """Events/s of the planner, from its first counted batch until all `total` are committed."""
+) -> PlannerCost:
+    """The planner's events/s, from its first counted batch until all `total` are committed, with its
+    costs an event."""
+    db = await asyncpg.connect(settings.postgres.asyncpg_dsn())
+    try:
+        wal_before = await db.fetchval("SELECT pg_current_wal_lsn()::text")
+    finally:
+        await db.close()
     planner = build_planner(settings)
     task = asyncio.create_task(planner.serve())
     try:
@@ -207,10 +235,10 @@ async def planner_run(
         cpu = time.process_time() - first[2]
         counted = total - first[1]
         rate = counted / elapsed
-        others = ", ".join(
-            f"{name} {(tree_cpu_seconds(pid) - parts_cpu[name]) / counted * 1e6:.1f}"
-            for name, pid in parts.items()
-        )
+        part_us = {
+            name: (tree_cpu_seconds(pid) - parts_cpu[name]) / counted * 1e6 for name, pid in parts.items()
+        }
+        others = ", ".join(f"{name} {us:.1f}" for name, us in part_us.items())
         writes = {
             s.name.rsplit("_", 1)[-1]: s.value
             for m in planner.metrics.batch_seconds.collect()
@@ -229,9 +257,11 @@ async def planner_run(
     try:
         durable = await db.fetchval("SELECT sum(requests) FROM prefix_stats")
         assert durable == requests, f"Postgres holds {durable} requests, expected {requests}"
+        sizes = {name: size / total for name, size in await db.fetch(STORED_BYTES) if size}
+        wal = await db.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)", wal_before)
     finally:
         await db.close()
-    return rate
+    return PlannerCost(rate, cpu / counted * 1e6, part_us.get("postgres", 0.0), sizes, float(wal) / total)
 
 
 async def planner_processes_run(
@@ -335,6 +365,7 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
         tune_for_batches()  # as the planner's main does; the raw loop gets the same settings
         raw: list[float] = []
         ingest: dict[int, list[float]] = {count: [] for count in args.planners}
+        costs: list[PlannerCost] = []
         for run in range(args.runs):
             raw.append(await raw_loop(kafka, total))
             for count in args.planners:
@@ -351,7 +382,8 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
                     rate = await planner_processes_run(settings, count, total, requests)
                 else:
                     parts = {"postgres": postgres.pid, "broker": kafka_part.pid}
-                    rate = await planner_run(settings, total, requests, parts)
+                    costs.append(await planner_run(settings, total, requests, parts))
+                    rate = costs[-1].rate
                 if profiler:
                     profiler.disable()
                     pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
@@ -383,10 +415,34 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
                 for run in range(args.runs)
             ],
         )
+        if costs:
+            _record_costs(recorder, costs, args.shape)
         recorder.note(
             "Each run prints CPU time an event for the raw loop, the planner, Postgres and the broker (in the"
             " bench's own output): on a shared machine the rates swing with its load, the ratio less."
         )
+
+
+def _record_costs(recorder: SummaryRecorder, costs: list[PlannerCost], shape: str) -> None:
+    """One planner's costs an event, medians over runs: what `docs/scale-path.md` sizes a fleet with."""
+    recorder.figure("1 planner: its CPU an event", statistics.median(c.planner_us for c in costs), "us")
+    recorder.figure(
+        "1 planner: Postgres CPU an event meanwhile", statistics.median(c.postgres_us for c in costs), "us"
+    )
+    recorder.figure("Postgres WAL an event", statistics.median(c.wal_bytes for c in costs), "bytes")
+    recorder.figure(
+        "Postgres bytes stored an event",
+        statistics.median(sum(c.stored_bytes.values()) for c in costs),
+        "bytes",
+    )
+    tables = sorted({name for c in costs for name in c.stored_bytes})
+    by_table = [(name, statistics.median(c.stored_bytes.get(name, 0.0) for c in costs)) for name in tables]
+    recorder.table(
+        f"Bytes an event each table holds after one planner's run ({shape}; heap, indexes and TOAST as"
+        " written, no VACUUM FULL), medians over runs; tables under 1 byte an event left out.",
+        ["table", "bytes an event"],
+        [[name, f"{size:,.1f}"] for name, size in sorted(by_table, key=lambda row: -row[1]) if size >= 1],
+    )
 
 
 def _planners(count: int) -> str:

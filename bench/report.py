@@ -72,6 +72,9 @@ BENCHES = (
     Bench("ingest", "bench.ingest_bench", 6, 25,  # estimated: 15 s for 20,000 events, 1 run
           "--events 600000 --runs 3 --shape fleet --planners 1,2",
           "Planner ingestion into Postgres vs the raw consumer loop"),
+    Bench("ingest_chat", "bench.ingest_bench", 5, 25,  # estimated: 21,000 events/s a planner, 20,000 events
+          "--events 300000 --runs 3 --shape mooncake --planners 1,2",
+          "Planner ingestion of chat-shaped traffic (the conversation trace's chains): rates, CPU, bytes"),
     Bench("emitter", "bench.emitter_bench", 2.7, 15,  # measured
           "--runs 5 --events 1000000 --calls 200000",
           "The event emitter vs raw aiokafka send_batch"),

@@ -180,6 +180,7 @@ def test_the_registry_holds_every_kept_bench_once_and_each_module_exists() -> No
         "embedding",
         "plan_latency",
         "result_layers",
+        "ingest_chat",
     }
     assert set(names) == kept
     for bench in BENCHES:
