@@ -77,8 +77,8 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--prefill-tokens-per-s",
         type=float,
-        default=900.0,
-        help="the engine's prefill rate the budget assumes",
+        default=None,
+        help="the engine's prefill rate the planner's budget assumes (default: measured by the calibration)",
     )
     parser.add_argument("--kv-cache-gib", type=int, default=4, help="each engine's KV cache")
     parser.add_argument("--model-dir", type=Path, default=None, help="a served model (default: SmolLM2)")
@@ -100,6 +100,10 @@ class Kept(msgspec.Struct):
     before_s: float
     after_s: float
     records: list[RunRecord]
+    service_s: float = 0.0
+    """The calibration's mean seconds a request alone; 0 when the sample was given."""
+    prefill_tokens_per_s: float = 0.0
+    """The planner's assumed prefill rate, measured or given."""
 
 
 def _arms(names: list[str], args: argparse.Namespace) -> list[Arm]:
@@ -137,13 +141,24 @@ def _report(kept: Kept, recorder: SummaryRecorder) -> str:
         f"Command (from the project root):\n\n    {kept.command}\n\n"
         f"Replay: the conversation trace from {kept.offset_s:.0f} s, {kept.sample:.1%} of its conversations, "
         f"{kept.before_s:.0f} s before the join and {kept.after_s:.0f} s after. TTFT is the client's time to "
-        "the first streamed chunk; medians over runs of each run's figure.\n\n"
+        "the first streamed chunk; medians over runs of each run's figure."
+        + _calibration_line(kept)
+        + "\n\n"
         + table(by_arm, runs)
         + "\nTargets (issue 15):\n\n"
         + target_table
         + (f"\nCPU seconds each part used over the replay (medians over runs):\n\n{cpu}" if cpu else "")
     )
     return text
+
+
+def _calibration_line(kept: Kept) -> str:
+    said = []
+    if kept.service_s:
+        said.append(f"a request alone took {kept.service_s * 1000:,.0f} ms on a fresh engine (mean)")
+    if kept.prefill_tokens_per_s:
+        said.append(f"the planner's budget assumed {kept.prefill_tokens_per_s:,.0f} prefill tokens/s")
+    return f" Calibration: {'; '.join(said)}." if said else ""
 
 
 async def _measure(args: argparse.Namespace, arms: list[Arm], stamp: Path, command: str) -> Kept:
@@ -155,18 +170,36 @@ async def _measure(args: argparse.Namespace, arms: list[Arm], stamp: Path, comma
     words = vocabulary_words(model_dir / "tokenizer.json")
     settings = RunSettings(before_s=args.before_s, kv_cache_gib=args.kv_cache_gib)
     duration = args.before_s + args.after_s
-    if args.sample is None:
+    service_s = 0.0
+    if args.sample is None or args.prefill_tokens_per_s is None:
         everything = replay_requests(trace, words, Slice(args.offset_s, duration, sample=1.0))
         probe = everything[: args.calibration_requests]
         calibration = await calibrate(probe, model_dir=model_dir, settings=settings)
-        args.sample = calibration.sample(len(everything) / duration, args.utilization)
+        service_s = calibration.service_s
+        if args.sample is None:
+            args.sample = calibration.sample(len(everything) / duration, args.utilization)
+        if args.prefill_tokens_per_s is None:
+            args.prefill_tokens_per_s = calibration.prefill_tokens_per_s
         print(
-            f"calibration: {calibration.service_s * 1000:.0f} ms a request alone (median of "
-            f"{calibration.requests}); replaying {args.sample:.1%} of the conversations"
+            f"calibration: {service_s * 1000:.0f} ms a request alone (mean of {calibration.requests}), "
+            f"prefill {calibration.prefill_tokens_per_s:.0f} tokens/s; replaying {args.sample:.1%} of the "
+            f"conversations, the planner assuming {args.prefill_tokens_per_s:.0f} prefill tokens/s"
         )
+    for arm in arms:
+        if isinstance(arm, WarmplaneArm):
+            arm.prefill_tokens_per_s = args.prefill_tokens_per_s
     requests = replay_requests(trace, words, Slice(args.offset_s, duration, sample=args.sample))
     print(f"{len(requests)} requests over {duration:.0f} s ({len(requests) / duration:.2f}/s)")
-    kept = Kept(command, args.offset_s, args.sample, args.before_s, args.after_s, [])
+    kept = Kept(
+        command,
+        args.offset_s,
+        args.sample,
+        args.before_s,
+        args.after_s,
+        [],
+        service_s=service_s,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+    )
     for run in range(1, args.runs + 1):
         shift = (run - 1) % len(arms)
         for arm in arms[shift:] + arms[:shift]:

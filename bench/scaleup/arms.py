@@ -134,11 +134,12 @@ class Arm(Protocol):
 
 
 class WarmplaneArm:
-    def __init__(self, *, warm: bool, warm_seconds: float, prefill_tokens_per_s: float) -> None:
+    def __init__(self, *, warm: bool, warm_seconds: float, prefill_tokens_per_s: float | None) -> None:
         self.name = "warmplane" if warm else "gateway-cold"
         self._warm = warm
         self._warm_seconds = warm_seconds
-        self._prefill_rate = prefill_tokens_per_s
+        self.prefill_tokens_per_s = prefill_tokens_per_s
+        """The engine's prefill rate the planner's budget assumes; None until the calibration measures it."""
         self._common: dict[str, str] = {}
         self._port = 0
         self._kafka: KafkaSettings | None = None
@@ -185,13 +186,15 @@ class WarmplaneArm:
         wait_answered(self.url, self.headers, f"{self.name}: the first replica behind the gateway", processes)
 
     def _planner_env(self) -> dict[str, str]:
+        if self.prefill_tokens_per_s is None:
+            raise RuntimeError(f"{self.name}: no prefill rate for the planner's budget (calibrate first)")
         return {
             **self._common,
             "WARMPLANE_METRICS_PORT": "0",
             "WARMPLANE_PLANS__WINDOW_HOURS": str(10 / 60),
             "WARMPLANE_PLANS__DEADLINE_S": "240",
             "WARMPLANE_PLANS__WARM_SECONDS": str(self._warm_seconds),
-            "WARMPLANE_PLANS__PREFILL_TOKENS_PER_S": str(self._prefill_rate),
+            "WARMPLANE_PLANS__PREFILL_TOKENS_PER_S": str(self.prefill_tokens_per_s),
             # The alarm re-plans live replicas whose traffic looks cold: in a short run that would warm the
             # established replica too, and blur what the join alone costs.
             "WARMPLANE_COLD_START__ENABLED": "false",

@@ -66,11 +66,10 @@ def _alive(replica: Replica) -> None:
         raise RuntimeError(f"engine {replica.name} died mid-run: see {log}\n{log_tail(log)}")
 
 
-async def computed_tokens(url: str) -> int | None:
+async def computed_tokens(http: httpx.AsyncClient, url: str) -> int | None:
     """Prompt tokens the engine at `url` has computed rather than found cached; None if it does not answer."""
     try:
-        async with httpx.AsyncClient(timeout=5) as http:
-            text = (await http.get(f"{url}/metrics")).text
+        text = (await http.get(f"{url}/metrics")).text
     except httpx.HTTPError:
         return None
     counters: dict[str, float] = {}
@@ -82,10 +81,12 @@ async def computed_tokens(url: str) -> int | None:
 
 
 async def _meter(url: str, readings: list[tuple[float, int]]) -> None:
-    while True:
-        if (value := await computed_tokens(url)) is not None:
-            readings.append((time.monotonic(), value))
-        await asyncio.sleep(1.0)  # a sampling period, not a wait for a condition
+    # One client: a new one costs some 20 ms of CPU (its TLS context), a stall of the replay's own loop.
+    async with httpx.AsyncClient(timeout=5) as http:
+        while True:
+            if (value := await computed_tokens(http, url)) is not None:
+                readings.append((time.monotonic(), value))
+            await asyncio.sleep(1.0)  # a sampling period, not a wait for a condition
 
 
 def _warm_tokens(
@@ -171,8 +172,27 @@ async def run_arm(
 @dataclass(frozen=True, slots=True)
 class Calibration:
     service_s: float
-    """Median seconds one request costs the engine alone (to its last chunk)."""
+    """Mean seconds one request costs the engine alone (to its last chunk). The mean, not the median: a
+    replica's load is its arrival rate times its mean service time, and the trace's prompt lengths are skewed
+    enough that the median understated it about twofold (every earlier run saturated the established
+    replica before the join; `bench/RESULTS.md` keeps those)."""
+    prefill_tokens_per_s: float
+    """Prompt tokens the engine computed (not found cached) per second to the first token, over the
+    requests: the rate the planner's warm budget converts seconds with."""
     requests: int
+
+    @classmethod
+    def of(cls, timed: Sequence[tuple[float, Sample]]) -> Calibration:
+        """From each request's seconds alone beside its sample (`service_times`)."""
+        if not timed:
+            raise ValueError("a calibration needs at least one request")
+        computed = sum(sample.prompt_tokens - sample.cached_tokens for _, sample in timed)
+        prefill_s = sum(sample.ttft or 0.0 for _, sample in timed)
+        return cls(
+            service_s=statistics.fmean(seconds for seconds, _ in timed),
+            prefill_tokens_per_s=computed / prefill_s if prefill_s > 0 else 0.0,
+            requests=len(timed),
+        )
 
     def sample(self, full_rate: float, utilization: float) -> float:
         """The share of conversations whose rate loads one replica to `utilization` of its one-at-a-time
@@ -187,8 +207,7 @@ async def calibrate(
     with tempfile.TemporaryDirectory(prefix="wp-scaleup-calibrate-") as folder:
         replica = _engine(Path(folder), model_dir, "r0", 0, settings)
         with replica.engine:
-            times = await service_times(replica.engine.base_url, requests, model=MODEL)
-    return Calibration(statistics.median(times), len(times))
+            return Calibration.of(await service_times(replica.engine.base_url, requests, model=MODEL))
 
 
 def _keep_logs(workdir: Path, into: Path) -> None:

@@ -145,10 +145,13 @@ async def within(
     return [samples[index] for index in sorted(samples)]
 
 
-async def service_times(base_url: str, requests: Sequence[ChatRequest], *, model: str) -> list[float]:
+async def service_times(
+    base_url: str, requests: Sequence[ChatRequest], *, model: str
+) -> list[tuple[float, Sample]]:
     """Send `requests` one after another (closed loop) and time each to its last chunk: what one request
-    costs the engine alone, in seconds. Raises `RuntimeError` for a request that fails."""
-    times = []
+    costs the engine alone, in seconds, beside its sample (its time to first token and its prompt tokens
+    found cached). Raises `RuntimeError` for a request that fails."""
+    timed = []
     timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
         for request in requests:
@@ -156,8 +159,8 @@ async def service_times(base_url: str, requests: Sequence[ChatRequest], *, model
             sample = await _send(client, "/v1/chat/completions", _body(request, model, {}), {}, "")
             if sample.status != 200:
                 raise RuntimeError(f"a calibration request failed: {sample.status} {sample.error}")
-            times.append(time.monotonic() - began)
-    return times
+            timed.append((time.monotonic() - began, sample))
+    return timed
 
 
 async def replay(

@@ -307,37 +307,43 @@ class EmbeddedVllm(EmbeddedPart):
         return start_process(self.command(), self.log_path, cwd=self.workdir, env=self.environment())
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
-        wait_until(
-            lambda: self._get_ok("/health") is not None,
-            timeout_s=self._remaining(deadline),
-            what=f"vLLM at {self.base_url} to answer GET /health with 200",
-            proc=proc,
-            log_path=self.log_path,
-        )
-        wait_until(
-            self._lists_models,
-            timeout_s=self._remaining(deadline),
-            what=f"GET {self.base_url}/v1/models to list {', '.join(self.served_model_names)}",
-            proc=proc,
-            log_path=self.log_path,
-        )
+        # One client for every probe: `httpx.get` builds a client, and its TLS context, each call, about
+        # 20 ms of CPU. Polled every 10 ms through an engine's minute of loading, that kept a core busy
+        # in the caller and held its GIL: a benchmark starting a replica mid-replay stalled its own
+        # clients (their measured TTFT rose tens of seconds) and, at nice 0, starved the running engine.
+        with httpx.Client(base_url=self.base_url, timeout=_PROBE_TIMEOUT_S) as client:
+            wait_until(
+                lambda: _get_ok(client, "/health") is not None,
+                timeout_s=self._remaining(deadline),
+                what=f"vLLM at {self.base_url} to answer GET /health with 200",
+                proc=proc,
+                log_path=self.log_path,
+            )
+            wait_until(
+                lambda: self._lists_models(client),
+                timeout_s=self._remaining(deadline),
+                what=f"GET {self.base_url}/v1/models to list {', '.join(self.served_model_names)}",
+                proc=proc,
+                log_path=self.log_path,
+            )
         if self.yield_cpu:  # once loaded: loading at the lowest priority took four times as long
             yield_cpu(proc.pid)
 
-    def _lists_models(self) -> bool:
-        response = self._get_ok("/v1/models")
+    def _lists_models(self, client: httpx.Client) -> bool:
+        response = _get_ok(client, "/v1/models")
         if response is None:
             return False
         listed = {entry.get("id") for entry in response.json().get("data", [])}
         return listed.issuperset(self.served_model_names)
 
-    def _get_ok(self, path: str) -> httpx.Response | None:
-        """GET ``path``; the response when it is a 200, None on any other status or transport error."""
-        try:
-            response = httpx.get(self.base_url + path, timeout=_PROBE_TIMEOUT_S)
-        except httpx.HTTPError:
-            return None
-        return response if response.status_code == 200 else None
+
+def _get_ok(client: httpx.Client, path: str) -> httpx.Response | None:
+    """GET ``path``; the response when it is a 200, None on any other status or transport error."""
+    try:
+        response = client.get(path)
+    except httpx.HTTPError:
+        return None
+    return response if response.status_code == 200 else None
 
 
 def yield_cpu(pgid: int) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.scaleup.figures import RunRecord, percentile, run_figures
+from bench.scaleup.run import Calibration
 from warmplane.services.devstack.chat_load import Sample, replica_of
 from warmplane.services.devstack.chat_traffic import (
     Slice,
@@ -123,3 +124,21 @@ def test_a_newcomer_that_never_served_has_no_first_minute() -> None:
 def test_a_replica_is_named_by_its_first_served_name() -> None:
     assert replica_of("smol-r1", "smol-") == "r1"
     assert replica_of("smol", "smol-") is None
+
+
+def test_calibration_loads_a_replica_by_mean_service_time_and_prefill_by_computed_tokens() -> None:
+    # Skewed like the trace's prompts: most requests short, one long. The median (1 s) would load the replica
+    # to 0.85 at 0.85 requests/s; its mean (2.5 s) says 0.34.
+    timed = [
+        (1.0, Sample(0.0, 0.5, "r0", 200, prompt_tokens=500, cached_tokens=0)),
+        (1.0, Sample(1.0, 0.5, "r0", 200, prompt_tokens=700, cached_tokens=400)),
+        (1.0, Sample(2.0, 0.5, "r0", 200, prompt_tokens=600, cached_tokens=100)),
+        (7.0, Sample(3.0, 4.5, "r0", 200, prompt_tokens=5_000, cached_tokens=0)),
+    ]
+    calibration = Calibration.of(timed)
+    assert calibration.service_s == pytest.approx(2.5)
+    assert calibration.prefill_tokens_per_s == pytest.approx((500 + 300 + 500 + 5_000) / 6.0)
+    assert calibration.sample(full_rate=10.0, utilization=0.85) == pytest.approx(0.85 / 2.5 / 10.0)
+    assert calibration.sample(full_rate=0.1, utilization=0.85) == 1.0
+    with pytest.raises(ValueError, match="at least one request"):
+        Calibration.of([])
