@@ -120,6 +120,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=defaults.admit_after,
         help="warmplane: store a chain node once this many requests passed it (2: a first-sighting filter)",
     )
+    parser.add_argument(
+        "--store-nodes",
+        type=int,
+        default=None,
+        help="warmplane: the store holds at most this many chain nodes, least recently passed evicted and"
+        " their counts rolled up into their parents (default: no bound)",
+    )
     parser.add_argument("--output", type=Path, help="write the command, parameters and tables here")
     parser.add_argument(
         "--plot", type=Path, help="draw the frontiers here (PNG; needs matplotlib, the bench extra)"
@@ -145,6 +152,7 @@ def params_from(args: argparse.Namespace) -> EvalParams:
         min_saved_tokens=args.min_saved_tokens,
         bucket_seconds=args.bucket_seconds,
         admit_after=args.admit_after,
+        store_nodes=args.store_nodes,
     )
 
 

@@ -120,6 +120,9 @@ BENCHES = (
     Bench("evaluate_policy", "bench.evaluate_policy", 0.1, 5,  # measured
           "",
           "Warm-set policies on the shipped traces"),
+    Bench("store_eval", "bench.store_eval", 0.5, 5,  # measured: 25 s
+          "",
+          "Chat-scale stores (bounded, sighting-filtered) against today's, on the shipped traces"),
     Bench("soak", "bench.soak", 12.5, 30,  # measured: 745 s
           "--minutes 10 --warmup-minutes 2 --event-rate 1000 --chat-rate 2 --bump-every-s 30",
           "The control plane under steady load: memory, descriptors and tasks against the warm-up's end"),

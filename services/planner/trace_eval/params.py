@@ -24,7 +24,9 @@ class EvalParams:
     bucket. The cap and the knobs default to the planner's own. `admit_after`: the history is stored as
     if behind a sighting filter, a chain node kept once that many requests have passed it and a request
     counted at its deepest kept node (1, the planner's store, keeps every node; 2 is a first-sighting
-    filter, issue 19's candidate for chat-scale storage).
+    filter, issue 19's candidate for chat-scale storage). `store_nodes`: the store holds at most that many
+    nodes, the least recently passed evicted with their counts rolled up into their parents' (None: no
+    bound); see `store_sim`.
     """
 
     block_tokens: int = 512
@@ -42,6 +44,7 @@ class EvalParams:
     min_saved_tokens: int = _PLANNER.min_expected_saved_tokens
     bucket_seconds: int = 60
     admit_after: int = 1
+    store_nodes: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_tokens <= 0 or self.capacity_blocks <= 0 or self.replicas <= 0:

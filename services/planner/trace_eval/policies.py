@@ -12,17 +12,14 @@ path: the history bucketed as the planner stores it, then `policy.trie_from_coun
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from warmplane.services.planner.policy import (
-    LeafCount,
     PolicyKnobs,
     PrefixTrie,
     ReuseCalibration,
     RingSpec,
-    StoredPrefix,
     WarmBudget,
     WarmDecision,
     WarmThresholds,
@@ -39,6 +36,7 @@ from warmplane.services.planner.trace_eval.simple_plan import (
     choose_warm_set,
     requests_through,
 )
+from warmplane.services.planner.trace_eval.store_sim import stored_history
 from warmplane.shared.hash_ring import HashRing
 
 NEW = "new"
@@ -120,23 +118,14 @@ def planner_view(
     history: Sequence[Request], join_t: float, after: HashRing, routing_depth: int, params: EvalParams
 ) -> PlannerView:
     """The history stored as the planner stores it (each prefix's parent and cumulative tokens, requests
-    per leaf and `bucket_seconds` bucket; behind `params.admit_after`'s sighting filter), then
+    per leaf and `bucket_seconds` bucket; or as a variant store would, `store_sim.stored_history`), then
     `trie_from_counts` and `fit_calibration`, as `plan_choice.WarmSetChooser` calls them."""
-    width = params.bucket_seconds
-    prefixes: dict[int, StoredPrefix] = {}
-    counts: Counter[tuple[int, int]] = Counter()
-    sightings: Counter[int] = Counter()
-    for request in history:
-        sightings.update(request.chain)
-        parent = kept = None
-        for block, tokens in zip(request.chain, request.cumulative, strict=True):
-            if sightings[block] < params.admit_after:
-                break  # a child is never seen more often than its parent: the rest is not kept either
-            prefixes.setdefault(block, StoredPrefix(block, parent, tokens))
-            parent = kept = block
-        if kept is not None:
-            counts[(kept, int(request.t // width))] += 1
-    leaves = [LeafCount(leaf, bucket * width + width / 2, n) for (leaf, bucket), n in counts.items()]
+    stored, leaves = stored_history(
+        history,
+        bucket_seconds=params.bucket_seconds,
+        admit_after=params.admit_after,
+        store_nodes=params.store_nodes,
+    )
     knobs = PolicyKnobs(
         params.half_life,
         params.frequency_half_life,
@@ -145,7 +134,6 @@ def planner_view(
         params.capacity_fraction,
         params.min_saved_tokens,
     )
-    stored = list(prefixes.values())
     trie, _left_out = trie_from_counts(stored, leaves, join_t, knobs.half_life_s, knobs.frequency_half_life_s)
     return PlannerView(
         trie,

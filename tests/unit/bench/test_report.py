@@ -181,6 +181,7 @@ def test_the_registry_holds_every_kept_bench_once_and_each_module_exists() -> No
         "plan_latency",
         "result_layers",
         "ingest_chat",
+        "store_eval",
     }
     assert set(names) == kept
     for bench in BENCHES:

@@ -13,6 +13,7 @@ from warmplane.services.planner.trace_eval.evaluation import ceiling_blocks, eva
 from warmplane.services.planner.trace_eval.fleet_sim import Request
 from warmplane.services.planner.trace_eval.params import EvalParams
 from warmplane.services.planner.trace_eval.policies import planner_view
+from warmplane.services.planner.trace_eval.store_sim import stored_history
 from warmplane.shared.hash_ring import HashRing
 
 BLOCK = 10
@@ -82,3 +83,33 @@ def test_a_sighting_filter_keeps_nodes_passed_often_enough_and_counts_each_reque
     assert {node.prefix_id for node in filtered.trie.nodes()} == {1, 2}
     assert (every.trie.count(1, 30), every.trie.count(2, 30)) == pytest.approx((3.0, 2.0))
     assert (filtered.trie.count(1, 30), filtered.trie.count(2, 30)) == pytest.approx((2.0, 1.0))
+
+
+def test_a_bounded_store_evicts_the_least_recently_passed_leaves_first_and_rolls_their_counts_up() -> None:
+    history = [request(0, 1, 2, 3), request(1, 1, 2, 4), request(2, 1, 5), request(3, 1, 2, 4)]
+    prefixes, leaves = stored_history(history, bucket_seconds=60, store_nodes=3)
+    # 3 goes when 4 comes (its count to 2), 4 when 5 comes (to 2 as well), 5 when 4 comes back (to 1).
+    assert [p.prefix_id for p in prefixes] == [4, 2, 1]  # least recently passed first
+    assert {p.prefix_id: p.parent for p in prefixes} == {1: None, 2: 1, 4: 2}
+    by_leaf = {leaf.leaf: leaf.requests for leaf in leaves}
+    assert by_leaf == {2: 2, 4: 1, 1: 1}
+    assert sum(by_leaf.values()) == len(history)  # no request lost while its root is kept
+    with pytest.raises(ValueError, match="at least 1"):
+        stored_history(history, bucket_seconds=60, store_nodes=0)
+
+
+@given(st.integers(0, 2**32), st.integers(1, 12))
+def test_a_bounded_store_stays_a_trie_within_its_bound(seed: int, bound: int) -> None:
+    rng = random.Random(seed)
+    history = []
+    for t in range(40):
+        chain, node = [], 0
+        for _ in range(rng.randrange(1, 5)):
+            node = node * 3 + rng.randrange(3) + 1  # a node's id names its path: one parent each
+            chain.append(node)
+        history.append(request(t, *chain))
+    prefixes, leaves = stored_history(history, bucket_seconds=60, store_nodes=bound)
+    kept = {p.prefix_id for p in prefixes}
+    assert len(kept) <= bound
+    assert all(p.parent is None or p.parent in kept for p in prefixes)
+    assert {leaf.leaf for leaf in leaves} <= kept
