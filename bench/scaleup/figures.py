@@ -84,6 +84,10 @@ def run_figures(record: RunRecord) -> RunFigures:
         v[f"fleet_p{q}"] = percentile(fleet_minute, q)
         v[f"fleet_late_p{q}"] = percentile(fleet_late, q)
     in_minute = [s for s in samples if first <= s.sent < first + MINUTE_S]
+    its_minute = [s for s in in_minute if s.replica == newcomer and s.status == 200]
+    prompt = sum(s.prompt_tokens for s in its_minute)
+    # What a warm can change: the share of the newcomer's first-minute prompt tokens it found cached.
+    v["newcomer_cached"] = sum(s.cached_tokens for s in its_minute) / prompt if prompt else math.nan
     v["newcomer_share"] = (
         sum(s.replica == newcomer for s in in_minute) / len(in_minute) if in_minute else math.nan
     )

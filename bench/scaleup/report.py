@@ -34,19 +34,21 @@ def _triple(values: Mapping[str, float], prefix: str) -> str:
 
 def table(by_arm: Mapping[str, Mapping[str, float]], runs: Mapping[str, int]) -> str:
     head = (
-        "| arm | runs | newcomer, first minute: p50 / p90 / p99 ms | its share | join → its first request "
+        "| arm | runs | newcomer, first minute: p50 / p90 / p99 ms | its share | its prompt tokens cached "
+        "| join → its first request "
         "| warm prefill tokens | fleet, first minute: p50 / p90 / p99 ms "
         "| fleet, minutes 1–5: p50 / p90 / p99 ms | established p99 ms: before → while it warms "
         "| newcomer steady p50 ms | requests (errors) |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     rows = []
     for arm, v in by_arm.items():
         share = "–" if math.isnan(v["newcomer_share"]) else f"{v['newcomer_share']:.0%}"
+        cached = "–" if math.isnan(v.get("newcomer_cached", math.nan)) else f"{v['newcomer_cached']:.0%}"
         first = "–" if math.isnan(v["first_request_s"]) else f"{v['first_request_s']:.1f} s"
         tokens = "–" if math.isnan(v["warm_tokens"]) else f"{v['warm_tokens']:,.0f}"
         rows.append(
-            f"| {arm} | {runs[arm]} | {_triple(v, 'newcomer')} | {share} | {first} | {tokens} | "
+            f"| {arm} | {runs[arm]} | {_triple(v, 'newcomer')} | {share} | {cached} | {first} | {tokens} | "
             f"{_triple(v, 'fleet')} | {_triple(v, 'fleet_late')} | "
             f"{_ms(v['established_before_p99'])} → {_ms(v['established_during_p99'])} | "
             f"{_ms(v['steady_p50'])} | {v['requests']:.0f} ({v['errors']:.0f}) |"

@@ -94,8 +94,8 @@ def test_the_first_minute_is_counted_from_the_newcomers_first_request() -> None:
         _sample(join - 30, 0.2, "r0"),
         _sample(join - 10, 0.4, "r0"),
         _sample(join + 5, 0.9, "r0"),  # established, while the newcomer warms
-        _sample(join + 20, 2.0, "r1"),  # the newcomer's first request
-        _sample(join + 30, 1.0, "r1"),
+        Sample(join + 20, 2.0, "r1", 200, prompt_tokens=1000, cached_tokens=100),  # the newcomer's first
+        Sample(join + 30, 1.0, "r1", 200, prompt_tokens=3000, cached_tokens=1900),
         _sample(join + 40, 0.3, "r0"),
         _sample(join + 50, None, None),  # failed: an error, never a percentile
         _sample(join + 85, 5.0, "r1"),  # past its first minute
@@ -107,6 +107,7 @@ def test_the_first_minute_is_counted_from_the_newcomers_first_request() -> None:
     assert v["first_request_s"] == 20
     assert v["newcomer_p50"] == 1.5
     assert v["newcomer_share"] == pytest.approx(2 / 4)
+    assert v["newcomer_cached"] == pytest.approx(2000 / 4000)  # its first minute's tokens, not its requests'
     assert v["established_before_p99"] == pytest.approx(percentile([0.2, 0.4], 99))
     assert v["established_during_p99"] == 0.9
     assert v["errors"] == 1 and v["requests"] == 8
