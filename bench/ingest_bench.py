@@ -200,12 +200,18 @@ class PlannerCost:
     """Bytes an event, by table (heap, indexes and TOAST, as written: no VACUUM FULL)."""
     wal_bytes: float
     """Write-ahead log an event: what a replica of the database, or its disk, takes per event."""
+    rows_written: float
+    """Rows inserted, updated or deleted an event, over the schema's tables (`pg_stat_user_tables`)."""
 
 
 STORED_BYTES = """
 SELECT c.relname, pg_total_relation_size(c.oid)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND c.relname <> 'alembic_version'
+"""
+ROWS_WRITTEN = """
+SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables
+WHERE schemaname = current_schema()
 """
 
 
@@ -217,6 +223,7 @@ async def planner_run(
     db = await asyncpg.connect(settings.postgres.asyncpg_dsn())
     try:
         wal_before = await db.fetchval("SELECT pg_current_wal_lsn()::text")
+        rows_before = await db.fetchval(ROWS_WRITTEN)
     finally:
         await db.close()
     planner = build_planner(settings)
@@ -259,9 +266,14 @@ async def planner_run(
         assert durable == requests, f"Postgres holds {durable} requests, expected {requests}"
         sizes = {name: size / total for name, size in await db.fetch(STORED_BYTES) if size}
         wal = await db.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)", wal_before)
+        rows = float(
+            await db.fetchval(ROWS_WRITTEN) - rows_before
+        )  # the planner's sessions flushed theirs on exit
     finally:
         await db.close()
-    return PlannerCost(rate, cpu / counted * 1e6, part_us.get("postgres", 0.0), sizes, float(wal) / total)
+    return PlannerCost(
+        rate, cpu / counted * 1e6, part_us.get("postgres", 0.0), sizes, float(wal) / total, rows / total
+    )
 
 
 async def planner_processes_run(
@@ -430,6 +442,8 @@ def _record_costs(recorder: SummaryRecorder, costs: list[PlannerCost], shape: st
         "1 planner: Postgres CPU an event meanwhile", statistics.median(c.postgres_us for c in costs), "us"
     )
     recorder.figure("Postgres WAL an event", statistics.median(c.wal_bytes for c in costs), "bytes")
+    rows = statistics.median(c.rows_written for c in costs)
+    recorder.figure("Postgres rows written an event", rows, "rows")
     recorder.figure(
         "Postgres bytes stored an event",
         statistics.median(sum(c.stored_bytes.values()) for c in costs),
