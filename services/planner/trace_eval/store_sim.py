@@ -31,11 +31,12 @@ def stored_history(
     counts: dict[int, Counter[int]] = {}
     sightings: Counter[int] = Counter()
     for request in history:
-        sightings.update(request.chain)
+        if admit_after > 1:
+            sightings.update(request.chain)
         parent = kept = None
         passed = []
         for block, tokens in zip(request.chain, request.cumulative, strict=True):
-            if sightings[block] < admit_after:
+            if admit_after > 1 and sightings[block] < admit_after:
                 break  # a child is never seen more often than its parent: the rest is not kept either
             prefixes.setdefault(block, StoredPrefix(block, parent, tokens))
             passed.append(block)
