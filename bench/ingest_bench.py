@@ -490,8 +490,10 @@ if __name__ == "__main__":
     add_summary_option(parser)
     args = parser.parse_args()
     recorder = SummaryRecorder(
-        bench="ingest",
-        title="Planner ingestion into durable Postgres aggregates, against the raw consume-and-decode loop",
+        # The report keeps a section per shape (bench.report's `ingest` and `ingest_chat`).
+        bench="ingest" if args.shape == "fleet" else "ingest_chat",
+        title="Planner ingestion into durable Postgres aggregates, against the raw consume-and-decode loop"
+        + ("" if args.shape == "fleet" else ", on chat-shaped traffic"),
         module="bench.ingest_bench",
         argv=sys.argv[1:],
         parameters=parameters_of(args),
