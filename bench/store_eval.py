@@ -68,12 +68,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = []
     for path in evaluated_traces():
         requests = load_requests(path, base.block_tokens)
-        join_t = requests[0].t + base.join_at * (requests[-1].t - requests[0].t)
+        results = [(label, params, evaluate(path.name, requests, params)) for label, params in variants]
+        join_t = results[0][2].join_t
         history = [r for r in requests if r.t < join_t]
-        today = 0.0
-        for label, params in variants:
-            ours = evaluate(path.name, requests, params).by_policy("warmplane")
-            today = today or ours.hit_1m
+        today = results[0][2].by_policy("warmplane").hit_1m
+        for label, params, result in results:
+            ours = result.by_policy("warmplane")
             ratio = ours.hit_1m / today if today else 0.0
             bound = params.store_nodes
             span = f"{join_t - span_start(history, bound):,.0f} s" if bound else ""

@@ -81,7 +81,7 @@ async def computed_tokens(http: httpx.AsyncClient, url: str) -> int | None:
 
 
 async def _meter(url: str, readings: list[tuple[float, int]]) -> None:
-    # One client: a new one costs some 20 ms of CPU (its TLS context), a stall of the replay's own loop.
+    # One client: building one (its TLS context) is CPU the replay's own loop would stall on each second.
     async with httpx.AsyncClient(timeout=5) as http:
         while True:
             if (value := await computed_tokens(http, url)) is not None:
@@ -173,9 +173,8 @@ async def run_arm(
 class Calibration:
     service_s: float
     """Mean seconds one request costs the engine alone (to its last chunk). The mean, not the median: a
-    replica's load is its arrival rate times its mean service time, and the trace's prompt lengths are skewed
-    enough that the median understated it about twofold (every earlier run saturated the established
-    replica before the join; `bench/RESULTS.md` keeps those)."""
+    replica's load is its arrival rate times its mean service time, and the trace's prompt lengths are
+    skewed, so the median understates it."""
     prefill_tokens_per_s: float
     """Prompt tokens the engine computed (not found cached) per second to the first token, over the
     requests: the rate the planner's warm budget converts seconds with."""

@@ -307,10 +307,9 @@ class EmbeddedVllm(EmbeddedPart):
         return start_process(self.command(), self.log_path, cwd=self.workdir, env=self.environment())
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
-        # One client for every probe: `httpx.get` builds a client, and its TLS context, each call, about
-        # 20 ms of CPU. Polled every 10 ms through an engine's minute of loading, that kept a core busy
-        # in the caller and held its GIL: a benchmark starting a replica mid-replay stalled its own
-        # clients (their measured TTFT rose tens of seconds) and, at nice 0, starved the running engine.
+        # One client for every probe: `httpx.get` builds a client, and its TLS context, each call. Polled
+        # through an engine's loading, that kept a core busy in the caller and held its GIL: a benchmark
+        # starting a replica mid-replay stalled its own clients and, at nice 0, starved the running engine.
         with httpx.Client(base_url=self.base_url, timeout=_PROBE_TIMEOUT_S) as client:
             wait_until(
                 lambda: _get_ok(client, "/health") is not None,
