@@ -1,4 +1,5 @@
-"""What a plan's statistics read costs as chat history accumulates. Run:
+"""What a plan's statistics read costs as chat history accumulates, with and without the retention sweep.
+Run:
 
     python -m bench.statistics_read_bench [--days 1 8 31] [--turns-a-day 20000] [--runs 3]
 
@@ -8,10 +9,16 @@ builds the trie (the planner does both for each read: `plan_choice.WarmSetChoose
 migrated database as the planner's ingestion does for chat traffic, one tenant and prompt revision:
 conversations open below a shared system prompt (their first path row anchored inside the first
 conversation's row) and each turn adds a path row of about 6 new blocks anchored at the previous turn's
-leaf, `--turns-a-day` a day for each of `--days` days of history (the retention keeps 31), a count per
-turn in its minute's bucket. For each history length it prints the median of `--runs` reads: rows
-returned, seconds in Postgres and Python, and the trie build's seconds, beside the nodes the trie
-needs (those on the chains of the leaves counted in the window): the read's excess is their ratio.
+leaf, `--turns-a-day` a day for each of `--days` days of history, a count per turn in its minute's
+bucket.
+
+For each history length it reads twice, `--runs` times each (medians): first with every row kept, as
+the planner kept them while per-prefix counts stayed for the whole statistics retention (the baseline);
+then after the planner's retention sweep at the default settings (`pg_retention`: counts past
+`detail_retention_hours` summed per scope, unreached paths past that cut deleted), run until it deletes
+nothing more, as sweeps every few minutes over those days would have left the tables. It prints the
+rows returned, the seconds of each read and of the trie build, beside the nodes the trie needs (those on
+the chains of the leaves counted in the window): the read's excess is their ratio.
 """
 
 from __future__ import annotations
@@ -31,7 +38,9 @@ import asyncpg
 from bench.ingest_bench import fresh_database
 from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.services.planner.pg_plans import PgPlanStore
+from warmplane.services.planner.pg_retention import sweep_paths, sweep_statistics
 from warmplane.services.planner.policy import LeafCount, trie_from_counts
+from warmplane.services.planner.settings import IngestSettings
 from warmplane.shared.embedded import EmbeddedPostgres
 
 MODEL = "chat-model"
@@ -130,14 +139,27 @@ async def measure(pool: asyncpg.Pool, since_bucket: int, now: datetime) -> dict[
     return {"read": read, "build": time.perf_counter() - began, "rows": len(stats.prefixes)}
 
 
+async def sweep(pool: asyncpg.Pool, now: datetime) -> tuple[int, int]:
+    """The planner's retention sweep at the default settings (`app._sweep_forever`), until it deletes no
+    more paths (a chain goes a level a sweep); (counts summed per scope, path rows deleted)."""
+    ingest = IngestSettings()
+    detail_before = now - timedelta(hours=ingest.detail_retention_hours)
+    detail_bucket = int(detail_before.timestamp()) // BUCKET_S
+    stats_bucket = int((now - timedelta(hours=ingest.stats_retention_hours)).timestamp()) // BUCKET_S
+    moved, _ = await sweep_statistics(pool, detail_before_bucket=detail_bucket, before_bucket=stats_bucket)
+    deleted = 0
+    while gone := await sweep_paths(pool, detail_before, misses_from_bucket=detail_bucket):
+        deleted += gone
+    await pool.execute("VACUUM ANALYZE prefix_paths")
+    return moved, deleted
+
+
 async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
     now = datetime.now(UTC)
     since_bucket = int((now - timedelta(hours=24)).timestamp()) // BUCKET_S
+    header = ["days", "path rows", "kept", "nodes read", "needed", "excess", "read s", "trie s", "sweep s"]
     with tempfile.TemporaryDirectory() as workdir, EmbeddedPostgres(Path(workdir) / "pg") as postgres:
-        print(
-            f"{'days':>5} {'path rows':>10} {'nodes read':>11} {'needed':>9} {'excess':>7}"
-            f" {'read s':>7} {'trie s':>7}"
-        )
+        print(" ".join(f"{h:>10}" for h in header))
         table: list[list[object]] = []
         for days in args.days:
             paths, counts = chat_history(days, args.turns_a_day, now)
@@ -146,33 +168,49 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
             needed = needed_nodes(paths, counts, since_bucket)
             pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
             try:
-                runs = [await measure(pool, since_bucket, now) for _ in range(args.runs)]
+                unswept = [await measure(pool, since_bucket, now) for _ in range(args.runs)]
+                began = time.perf_counter()
+                await sweep(pool, now)
+                swept_s = time.perf_counter() - began
+                kept = await pool.fetchval("SELECT count(*) FROM prefix_paths")
+                swept = [await measure(pool, since_bucket, now) for _ in range(args.runs)]
             finally:
                 await pool.close()
-            rows = int(runs[0]["rows"])
-            read = statistics.median(run["read"] for run in runs)
-            build = statistics.median(run["build"] for run in runs)
-            print(
-                f"{days:>5} {len(paths):>10,} {rows:>11,} {needed:>9,} {rows / needed:>6.1f}x"
-                f" {read:>7.2f} {build:>7.2f}"
-            )
-            recorder.figure(f"statistics read, {days} days of history", read, "s")
+            for label, runs, rows_kept, sweep_s in (
+                ("every row kept", unswept, len(paths), "-"),
+                ("swept", swept, kept, f"{swept_s:.1f}"),
+            ):
+                rows = int(runs[0]["rows"])
+                read = statistics.median(run["read"] for run in runs)
+                build = statistics.median(run["build"] for run in runs)
+                line = [
+                    f"{days} ({label})", f"{len(paths):,}", f"{rows_kept:,}", f"{rows:,}", f"{needed:,}",
+                    f"{rows / needed:.2f}x", f"{read:.2f}", f"{build:.2f}", sweep_s,
+                ]  # fmt: skip
+                print(" ".join(f"{cell:>10}" for cell in line))
+                table.append(line)
+            base_read = statistics.median(run["read"] for run in unswept)
+            read = statistics.median(run["read"] for run in swept)
             recorder.figure(
-                f"nodes read, {days} days of history", rows, "nodes", ("nodes the trie needs", needed)
+                f"statistics read, {days} days of history", read, "s", ("every path row kept", base_read)
             )
-            excess = f"{rows / needed:.1f}x"
-            table.append(
-                [days, f"{len(paths):,}", f"{rows:,}", f"{needed:,}", excess, f"{read:.2f}", f"{build:.2f}"]
+            recorder.figure(
+                f"nodes read, {days} days of history",
+                int(swept[0]["rows"]),
+                "nodes",
+                ("nodes the trie needs", needed),
             )
     recorder.table(
-        "Per history length: path rows stored, nodes the read returned and the trie needs, and the medians"
-        " of the read and the trie build.",
-        ["days", "path rows", "nodes read", "needed", "excess", "read s", "trie s"],
+        "Per history length, with every row kept and after the retention sweep: path rows stored and kept,"
+        " nodes the read returned and the trie needs, the medians of the read and the trie build, and the"
+        " sweeps' seconds (all of them, from the unswept tables).",
+        header,
         table,
     )
     recorder.note(
-        "The nodes' ratio is the read's excess: nodes read / nodes on the chains of the leaves counted in"
-        " the window. The read's seconds have no baseline measured in the same run."
+        "The read's ratio is to the same read of the same history with every path row kept, in the same"
+        " run. The nodes' ratio is the read's excess: nodes read / nodes on the chains of the leaves"
+        " counted in the window."
     )
 
 
@@ -187,7 +225,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     recorder = SummaryRecorder(
         bench="statistics_read",
-        title="A plan's statistics read as chat history accumulates: nodes read against nodes needed",
+        title="A plan's statistics read as chat history accumulates, every row kept and swept",
         module="bench.statistics_read_bench",
         argv=sys.argv[1:],
         parameters=parameters_of(args),

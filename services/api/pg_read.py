@@ -93,14 +93,20 @@ PAYLOADS = """
 SELECT c.scope_id, c.prefix_id, c.payload::text, c.tokens FROM prefix_catalog c
 JOIN unnest($1::integer[], $2::bigint[]) AS k(scope_id, prefix_id) USING (scope_id, prefix_id)
 """
-TRAFFIC = """
+# The sweep moves a bucket's counts from `prefix_stats` to `scope_traffic` in one statement: each request
+# is in exactly one of the two (`services/planner/pg_retention.py`).
+_SUMMED = "scope_id, bucket, requests, cold_requests, prompt_tokens, cached_tokens, ttft_ms_sum, ttft_count"
+TRAFFIC = f"""
 SELECT (p.bucket / $2) * $2 * $5 AS step_start, s.tenant, s.model,
        sum(p.requests)::bigint, sum(p.cold_requests)::bigint, sum(p.prompt_tokens)::bigint,
        sum(p.cached_tokens)::bigint, sum(p.ttft_ms_sum)::float8, sum(p.ttft_count)::bigint
-FROM prefix_stats p JOIN scopes s USING (scope_id)
-WHERE p.bucket >= $1 AND ($3::text IS NULL OR s.model = $3) AND ($4::text IS NULL OR s.tenant = $4)
+FROM (
+    SELECT {_SUMMED} FROM prefix_stats WHERE bucket >= $1
+    UNION ALL SELECT {_SUMMED} FROM scope_traffic WHERE bucket >= $1
+) p JOIN scopes s USING (scope_id)
+WHERE ($3::text IS NULL OR s.model = $3) AND ($4::text IS NULL OR s.tenant = $4)
 GROUP BY 1, s.tenant, s.model ORDER BY 1, s.model, s.tenant
-"""
+"""  # noqa: S608 - composed of constants
 WARM_ITEMS = """
 SELECT w.replica_id, w.plan_id, w.state, w.issued_at, i.item->>'tenant' AS tenant,
        (i.item->>'prefix_id')::bigint AS prefix_id, (i.item->>'tokens')::bigint AS tokens,

@@ -291,20 +291,24 @@ async def _sweep_forever(store: PgIngestStore, pool: asyncpg.Pool, settings: Pla
                 ledger_before=now - timedelta(hours=ingest.ledger_retention_hours),
                 catalog_before=now - timedelta(hours=ingest.catalog_retention_hours),
             )
-            stats_before = now - timedelta(hours=ingest.stats_retention_hours)
-            stats = await sweep_statistics(
-                pool, int(stats_before.timestamp()) // settings.statistics.bucket_seconds
+            bucket_s = settings.statistics.bucket_seconds
+            detail_before = now - timedelta(hours=ingest.detail_retention_hours)
+            detail_bucket = int(detail_before.timestamp()) // bucket_s
+            stats_bucket = int((now - timedelta(hours=ingest.stats_retention_hours)).timestamp()) // bucket_s
+            moved, stats = await sweep_statistics(
+                pool, detail_before_bucket=detail_bucket, before_bucket=stats_bucket
             )
-            paths = await sweep_paths(pool, stats_before)
+            paths = await sweep_paths(pool, detail_before, misses_from_bucket=detail_bucket)
             history = await sweep_history(pool, now - timedelta(hours=ingest.history_retention_hours))
             log.info(
                 "retention sweep removed %d ledger rows, %d catalog payloads, %d statistics rows,"
-                " %d chain paths and %d rows of replica history",
+                " %d chain paths and %d rows of replica history, and summed %d prefix counts per scope",
                 ledger,
                 catalog,
                 stats,
                 paths,
                 history,
+                moved,
             )
         except (OSError, asyncpg.PostgresError):
             log.warning("retention sweep failed; retrying next interval", exc_info=True)

@@ -4,10 +4,18 @@
 (migration 0011 indexes their buckets for this). Deleting in chunks keeps each statement's locks and
 write-ahead log short, beside ingestion, which only touches current buckets.
 
+Two cuts. Per-prefix request counts are the plans' input and weigh only within the plans' window, so
+`prefix_stats` keeps the detail cut (`detail_retention_hours`, about a day); each older chunk moves into
+`scope_traffic`, summed per scope and bucket, in the statement that deletes it (migration 0015): a request
+is in exactly one of the two tables at any moment, so the API's traffic view, which reads both, never
+loses or double-counts one. `scope_traffic`, `miss_stats` and `replica_stats` keep the statistics' cut
+(`stats_retention_hours`, 31 days) for the API's history.
+
 `prefix_paths` gains about a row a request in chat traffic (each turn adds chain nodes). A row goes
-once it is older than the statistics' cut and nothing still reaches it: no retained request or miss
-statistic names one of its prefixes, and no other row hangs below one of them (migration 0012 indexes
-`first_seen` and the anchors for this). A row whose children go in one sweep goes in a later one, so a
+once it is older than the detail cut and nothing still reaches it: no request statistic, and no miss
+statistic younger than the detail cut, names one of its prefixes, and no other row hangs below one of
+them (migration 0012 indexes `first_seen` and the anchors for this). So the chains a plan reads span the
+detail's day, not the statistics' month. A row whose children go in one sweep goes in a later one, so a
 chain is taken down from its leaves, a level a sweep. `core/node_cache.py` argues why no planner keeps
 trusting a node whose rows went.
 
@@ -27,8 +35,23 @@ from typing import Final
 
 import asyncpg
 
-STATISTICS_TABLES: Final = ("prefix_stats", "miss_stats", "replica_stats")
+STATISTICS_TABLES: Final = ("scope_traffic", "miss_stats", "replica_stats")
+"""The tables kept to the statistics' cut (`prefix_stats` keeps the detail cut and moves into the first)."""
 _CHUNK: Final = 50_000
+
+_SUMS: Final = ("requests", "cold_requests", "prompt_tokens", "cached_tokens", "ttft_ms_sum", "ttft_count")
+# One statement deletes a chunk of detail and adds its sums: both commit or neither does.
+_ROLL_UP: Final = f"""
+WITH moved AS (
+    DELETE FROM prefix_stats WHERE ctid = ANY(ARRAY(SELECT ctid FROM prefix_stats WHERE bucket < $1 LIMIT $2))
+    RETURNING scope_id, bucket, {", ".join(_SUMS)}
+), added AS (
+    INSERT INTO scope_traffic AS t (scope_id, bucket, {", ".join(_SUMS)})
+    SELECT scope_id, bucket, {", ".join(f"sum({c})" for c in _SUMS)} FROM moved GROUP BY scope_id, bucket
+    ON CONFLICT (scope_id, bucket) DO UPDATE SET {", ".join(f"{c} = t.{c} + excluded.{c}" for c in _SUMS)}
+)
+SELECT count(*) FROM moved
+"""  # noqa: S608 - composed of constants
 
 # The three checks are ORed inside NOT so that Postgres keeps each a per-row index probe for all of the
 # row's ids at once (`= ANY(ids)` on the key): as separate NOT EXISTS it made the miss check a hash
@@ -40,7 +63,8 @@ DELETE FROM prefix_paths WHERE ctid = ANY(ARRAY(
     WHERE p.first_seen < $1
       AND NOT (EXISTS (SELECT FROM prefix_paths c WHERE c.scope_id = p.scope_id AND c.anchor_id = ANY(p.ids))
             OR EXISTS (SELECT FROM prefix_stats s WHERE s.scope_id = p.scope_id AND s.prefix_id = ANY(p.ids))
-            OR EXISTS (SELECT FROM miss_stats m WHERE m.scope_id = p.scope_id AND m.prefix_id = ANY(p.ids)))
+            OR EXISTS (SELECT FROM miss_stats m
+                       WHERE m.scope_id = p.scope_id AND m.prefix_id = ANY(p.ids) AND m.bucket >= $3))
     LIMIT $2))
 """
 
@@ -99,8 +123,17 @@ async def sweep_history(pool: asyncpg.Pool, before: datetime, *, chunk: int = _C
     return removed
 
 
-async def sweep_statistics(pool: asyncpg.Pool, before_bucket: int, *, chunk: int = _CHUNK) -> int:
-    """Delete every statistics row of a bucket before `before_bucket`; the number deleted."""
+async def sweep_statistics(
+    pool: asyncpg.Pool, *, detail_before_bucket: int, before_bucket: int, chunk: int = _CHUNK
+) -> tuple[int, int]:
+    """Move the `prefix_stats` rows of buckets before `detail_before_bucket` into `scope_traffic`, and
+    delete the rows of `STATISTICS_TABLES` before `before_bucket`; (rows moved, rows deleted)."""
+    moved = 0
+    while True:
+        count = await pool.fetchval(_ROLL_UP, detail_before_bucket, chunk)
+        moved += count
+        if count < chunk:
+            break
     removed = 0
     for table in STATISTICS_TABLES:
         statement = (
@@ -108,21 +141,27 @@ async def sweep_statistics(pool: asyncpg.Pool, before_bucket: int, *, chunk: int
             f"SELECT ctid FROM {table} WHERE bucket < $1 LIMIT $2))"
         )
         removed += await _delete_in_chunks(pool, statement, before_bucket, chunk)
-    return removed
+    return moved, removed
 
 
-async def sweep_paths(pool: asyncpg.Pool, seen_before: datetime, *, chunk: int = _CHUNK) -> int:
-    """Delete the `prefix_paths` rows first seen before `seen_before` that no retained statistic and no
-    other row reaches (see the module's docstring); the number deleted. Run it after `sweep_statistics`,
-    with the same cut, so the rows of buckets just dropped go in the same sweep."""
-    return await _delete_in_chunks(pool, _UNREACHED_PATHS, seen_before, chunk)
+async def sweep_paths(
+    pool: asyncpg.Pool, seen_before: datetime, *, misses_from_bucket: int, chunk: int = _CHUNK
+) -> int:
+    """Delete the `prefix_paths` rows first seen before `seen_before` that no request statistic, no miss
+    statistic of a bucket from `misses_from_bucket` on and no other row reaches (see the module's
+    docstring); the number deleted. Run it after `sweep_statistics`, with its detail cut, so the rows of
+    buckets just moved go in the same sweep."""
+    return await _delete_in_chunks(pool, _UNREACHED_PATHS, seen_before, chunk, misses_from_bucket)
 
 
-async def _delete_in_chunks(pool: asyncpg.Pool, statement: str, cut: object, chunk: int) -> int:
-    """Run `statement` (a DELETE of at most $2 rows past the cut $1) until it deletes less than a chunk."""
+async def _delete_in_chunks(
+    pool: asyncpg.Pool, statement: str, cut: object, chunk: int, *more: object
+) -> int:
+    """Run `statement` (a DELETE of at most $2 rows past the cut $1, and `more` from $3 on) until it
+    deletes less than a chunk."""
     removed = 0
     while True:
-        status = await pool.execute(statement, cut, chunk)
+        status = await pool.execute(statement, cut, chunk, *more)
         count = int(status.split()[-1])
         removed += count
         if count < chunk:

@@ -37,8 +37,14 @@ class IngestSettings(BaseModel):
     catalog_retention_hours: Hours = 24.0 * 7
     """Payloads not seen for this long are dropped."""
     stats_retention_hours: Hours = 24.0 * 31
-    """How long request, miss and per-replica sums are kept (by their bucket's time): at least the API's
-    longest window (30 days) and the planner's `WARMPLANE_PLANS__WINDOW_HOURS`."""
+    """How long request sums per scope, miss sums and per-replica sums are kept (by their bucket's time):
+    the API's longest window is 30 days."""
+    detail_retention_hours: Hours = 25.0
+    """How long request counts per prefix, and the chain paths they reach, are kept; older buckets are
+    summed per scope (`pg_retention`). At least the plans' `WARMPLANE_PLANS__WINDOW_HOURS` (24 h, and an
+    hour for a sweep's lag) and at most `stats_retention_hours`: a plan reads every chain this keeps, so
+    it bounds a plan's read (`python -m bench.statistics_read_bench`). The API's warm-set coverage counts
+    requests of this window at most."""
     history_retention_hours: Hours = 24.0 * 7
     """How long gone replicas and earlier incarnations' plans and transitions are kept (`pg_retention`):
     a replica's latest start and its current plans stay whatever their age."""
@@ -62,10 +68,15 @@ class IngestSettings(BaseModel):
 
     @model_validator(mode="after")
     def _node_cache_forgets_well_inside_the_retention(self) -> Self:
-        if 2 * self.node_cache_max_age_s > 3600 * self.stats_retention_hours:
+        if 2 * self.node_cache_max_age_s > 3600 * self.detail_retention_hours:
             raise ValueError(
                 f"node_cache_max_age_s ({self.node_cache_max_age_s:g}) is more than half of "
-                f"stats_retention_hours ({self.stats_retention_hours:g} h): swept chains could stay cached"
+                f"detail_retention_hours ({self.detail_retention_hours:g} h): swept chains could stay cached"
+            )
+        if self.detail_retention_hours > self.stats_retention_hours:
+            raise ValueError(
+                f"detail_retention_hours ({self.detail_retention_hours:g}) is longer than "
+                f"stats_retention_hours ({self.stats_retention_hours:g}): the sums per scope would go first"
             )
         return self
 
@@ -186,9 +197,9 @@ class PlannerSettings(DatabaseSettings):
 
     @model_validator(mode="after")
     def _statistics_outlive_the_plans_window(self) -> Self:
-        if self.ingest.stats_retention_hours < self.plans.window_hours:
+        if self.ingest.detail_retention_hours < self.plans.window_hours:
             raise ValueError(
-                f"ingest.stats_retention_hours ({self.ingest.stats_retention_hours:g}) is shorter than "
+                f"ingest.detail_retention_hours ({self.ingest.detail_retention_hours:g}) is shorter than "
                 f"plans.window_hours ({self.plans.window_hours:g}): plans would read swept statistics"
             )
         return self

@@ -206,7 +206,11 @@ def caching_gateway_settings(
     kafka_servers: str, engine: EmbeddedVllm, redis_url: str, dsn: str, **cache: Any
 ) -> tuple[GatewaySettings, dict[str, str]]:
     """A gateway in front of `engine` alone, with both tiers of its result cache on (Redis at `redis_url`,
-    pgvector in `dsn`) and `cache`'s other settings, and its tenants' keys."""
+    pgvector in `dsn`) and `cache`'s other settings, and its tenants' keys. The lookup and embedding
+    budgets are seconds, not the production defaults' milliseconds: on a loaded CI machine an embedding
+    that overran 50 ms skipped the semantic tier and turned an expected hit, or a counted error, into a
+    plain miss."""
+    cache = {"lookup_timeout_s": 2, "embedding_timeout_s": 2, **cache}
     settings, keys = gateway_settings(kafka_settings(kafka_servers), uuid.uuid4().hex[:8])
     model = engine.model_name
     settings = settings.model_copy(
@@ -214,7 +218,7 @@ def caching_gateway_settings(
             "static_replicas": [StaticReplica(replica="r0", url=engine.base_url, model=model)],
             "redis": RedisSettings(url=SecretStr(redis_url)),
             "postgres": PostgresSettings(url=SecretStr(dsn)),
-            "result_cache": ResultCacheSettings(enabled=True, semantic=True, lookup_timeout_s=2, **cache),
+            "result_cache": ResultCacheSettings(enabled=True, semantic=True, **cache),
         }
     )
     return settings, keys

@@ -7,9 +7,10 @@ the node itself), in `prefix_stats`. The sweep keeps every row holding a prefix 
 statistics row, and every row holding a node that another row anchors at; the leaf's row is kept, so by
 induction up the chain is every row holding one of its ancestors. A cache forgets everything once its
 oldest node was remembered `max_age_s` ago, so every node it holds came with a request counted at most
-`max_age_s` plus the planner's lag behind event time ago: well inside the statistics retention, which
-settings require to be at least twice `max_age_s`. (A planner ingesting events nearly a whole retention
-late counts them into buckets the next sweep drops; its cache may then outlive their rows.)
+`max_age_s` plus the planner's lag behind event time ago: well inside the detail retention (the cut of
+`prefix_stats` and of the path sweep), which settings require to be at least twice `max_age_s`. (A
+planner ingesting events nearly a whole retention late counts them into buckets the next sweep moves out
+of the detail; its cache may then outlive their rows.)
 
 One narrow race remains: a request reusing a prefix that no request used for the whole retention, counted
 in a batch committing while a sweep statement deletes that prefix's row. The batch's path insert is

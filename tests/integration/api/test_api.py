@@ -38,6 +38,7 @@ from tests.integration.planner_harness import (
 )
 from tests.real_parts import fresh_database, planner_settings_for
 from warmplane.services.planner.app import running_planner
+from warmplane.services.planner.pg_retention import sweep_statistics
 from warmplane.services.planner.settings import PlannerSettings
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres
@@ -332,6 +333,25 @@ async def test_traffic_gives_hit_and_cold_start_ratios_per_tenant_and_model(worl
     if len(whole) == 1:  # the hour did not straddle a step boundary
         assert whole[0]["cold_start_ratio"] == pytest.approx(0.4)
         assert whole[0]["prefix_hit_ratio"] == pytest.approx(600 / 2010)
+
+
+async def test_traffic_counts_a_request_once_before_and_after_its_detail_is_summed(world: World) -> None:
+    def totals(points: list[dict[str, object]]) -> dict[tuple[object, object], object]:
+        return {(p["tenant"], p["start"]): (p["requests"], p["cached_tokens"]) for p in points}
+
+    before = (await _get(world, "/v1/traffic", ADMIN, window_s=OLD_WINDOW_S, step_s=3600)).json()
+    bucket_s = world.planner.statistics.bucket_seconds
+    cut = int((datetime.now(UTC) - OLD_AGE / 2).timestamp()) // bucket_s
+    pool = await asyncpg.create_pool(world.dsn, min_size=1, max_size=1)
+    try:  # the planner's sweep, with a detail cut between the request of 3 hours ago and the others
+        moved, _ = await sweep_statistics(pool, detail_before_bucket=cut, before_bucket=0)
+        assert moved == 1
+        assert await pool.fetchval("SELECT count(*) FROM prefix_stats WHERE bucket < $1", cut) == 0
+    finally:
+        await pool.close()
+    after = (await _get(world, "/v1/traffic", ADMIN, window_s=OLD_WINDOW_S, step_s=3600)).json()
+    assert totals(after) == totals(before)
+    assert sum(p["requests"] for p in after if p["tenant"] == "acme") == 11
 
 
 async def test_warm_sets_show_what_live_replicas_were_planned_and_the_traffic_it_covers(world: World) -> None:

@@ -50,10 +50,11 @@ async def test_statistics_buckets_before_the_cut_go_in_chunks_and_later_ones_sta
 ) -> None:
     pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
     try:
-        # Buckets 0 to 9, three keys each, in every statistics table.
+        # Buckets 0 to 9, three keys each, in every statistics table; the detail in two scopes.
         await pool.execute(
-            "INSERT INTO prefix_stats (scope_id, prefix_id, bucket, requests)"
-            " SELECT 1, k, b, 1 FROM generate_series(0, 9) b, generate_series(1, 3) k"
+            "INSERT INTO prefix_stats (scope_id, prefix_id, bucket, requests, prompt_tokens, ttft_ms_sum)"
+            " SELECT s, k, b, k, 100 * k, 0.5 * k"
+            " FROM generate_series(1, 2) s, generate_series(0, 9) b, generate_series(1, 3) k"
         )
         await pool.execute(
             "INSERT INTO miss_stats (scope_id, prefix_id, bucket, misses)"
@@ -63,12 +64,29 @@ async def test_statistics_buckets_before_the_cut_go_in_chunks_and_later_ones_sta
             "INSERT INTO replica_stats (replica, bucket, scope_id, requests)"
             " SELECT 'r' || k, b, 1, 1 FROM generate_series(0, 9) b, generate_series(1, 3) k"
         )
-        removed = await sweep_statistics(pool, before_bucket=4, chunk=5)  # 12 rows a table: 3 chunks
-        assert removed == 3 * 12
+        # Detail of buckets 0 to 5 is summed per scope (36 rows, chunks of 5), and what is before 4 goes.
+        moved, removed = await sweep_statistics(pool, detail_before_bucket=6, before_bucket=4, chunk=5)
+        assert (moved, removed) == (36, 2 * 4 + 12 + 12)
+        detail = await pool.fetchval("SELECT array_agg(DISTINCT bucket ORDER BY bucket) FROM prefix_stats")
+        assert detail == list(range(6, 10))
         for table in STATISTICS_TABLES:
             kept = await pool.fetchval(f"SELECT array_agg(DISTINCT bucket ORDER BY bucket) FROM {table}")
-            assert kept == list(range(4, 10)), table
-        assert await sweep_statistics(pool, before_bucket=4) == 0
+            assert kept == list(range(4, 10) if table != "scope_traffic" else [4, 5]), table
+        summed = (
+            "SELECT scope_id, bucket, requests, prompt_tokens, ttft_ms_sum FROM scope_traffic ORDER BY 1, 2"
+        )
+        sums = [tuple(row) for row in await pool.fetch(summed)]
+        assert sums == [(s, b, 6, 600, 3.0) for s in (1, 2) for b in (4, 5)]
+        assert await sweep_statistics(pool, detail_before_bucket=6, before_bucket=4) == (0, 0)
+
+        # A request counted late into a bucket already summed is added to its sum, not lost or doubled.
+        await pool.execute(
+            "INSERT INTO prefix_stats (scope_id, prefix_id, bucket, requests) VALUES (1, 9, 5, 7)"
+        )
+        assert await sweep_statistics(pool, detail_before_bucket=6, before_bucket=4) == (1, 0)
+        assert (
+            await pool.fetchval("SELECT requests FROM scope_traffic WHERE (scope_id, bucket) = (1, 5)") == 13
+        )
     finally:
         await pool.close()
 
@@ -126,10 +144,13 @@ async def test_old_paths_go_unless_a_retained_statistic_names_one_of_their_prefi
         )
         await pool.execute("INSERT INTO miss_stats (scope_id, prefix_id, bucket) VALUES (1, 20, 1)")
 
-        assert await sweep_paths(pool, CUT) == 2
+        assert await sweep_paths(pool, CUT, misses_from_bucket=1) == 2
         assert await leaves(pool) == {(1, 12), (1, 21), (1, 31)}
         await assert_nodes_hang_together(pool)
-        assert await sweep_paths(pool, CUT) == 0
+        assert await sweep_paths(pool, CUT, misses_from_bucket=1) == 0
+        # Misses older than the detail's cut are kept for the API's history, but reach no chain.
+        assert await sweep_paths(pool, CUT, misses_from_bucket=2) == 1
+        assert await leaves(pool) == {(1, 12), (1, 31)}
     finally:
         await pool.close()
 
@@ -144,17 +165,17 @@ async def test_a_path_stays_while_a_row_hangs_below_it_and_goes_a_sweep_after_it
         await add_path(pool, 1, 5, [6], OLD)  # a turn below the branch, still requested
         await add_path(pool, 1, 3, [7], NOW)  # a young turn below the root path's leaf
         await pool.execute("INSERT INTO prefix_stats (scope_id, prefix_id, bucket) VALUES (1, 6, 1)")
-        assert await sweep_paths(pool, CUT) == 0
+        assert await sweep_paths(pool, CUT, misses_from_bucket=0) == 0
 
         await pool.execute("DELETE FROM prefix_stats")  # the turn's bucket aged out
         expected = [{(1, 3), (1, 5), (1, 7)}, {(1, 3), (1, 7)}, {(1, 3), (1, 7)}]
         for remaining in expected:  # a level a sweep: the branch goes after its turn, the root stays
-            await sweep_paths(pool, CUT)
+            await sweep_paths(pool, CUT, misses_from_bucket=0)
             assert await leaves(pool) == remaining
             await assert_nodes_hang_together(pool)
 
         await pool.execute("DELETE FROM prefix_paths WHERE leaf_id = 7")
-        assert await sweep_paths(pool, CUT) == 1
+        assert await sweep_paths(pool, CUT, misses_from_bucket=0) == 1
         assert await leaves(pool) == set()
     finally:
         await pool.close()
@@ -169,7 +190,7 @@ async def test_paths_go_in_chunks_until_none_is_left_to_go(migrated_database: st
             "INSERT INTO prefix_stats (scope_id, prefix_id, bucket) VALUES (1, 401, 1), (1, 702, 1)"
         )
 
-        assert await sweep_paths(pool, CUT, chunk=3) == 8  # chunks of 3, 3 and 2
+        assert await sweep_paths(pool, CUT, misses_from_bucket=0, chunk=3) == 8  # chunks of 3, 3 and 2
         assert await leaves(pool) == {(1, 402), (1, 702)}
         await assert_nodes_hang_together(pool)
     finally:

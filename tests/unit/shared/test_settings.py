@@ -265,25 +265,38 @@ def test_the_planners_policy_settings_refuse_half_a_seconds_budget_and_inverted_
     assert (settings.cold_start.clear_ratio, settings.routing.depth) == (0.1, 1)
 
 
-def test_statistics_must_be_kept_at_least_as_long_as_plans_read_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("WARMPLANE_INGEST__STATS_RETENTION_HOURS", "12")
+def test_counts_per_prefix_must_be_kept_at_least_as_long_as_plans_read_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WARMPLANE_INGEST__DETAIL_RETENTION_HOURS", "12")
     with pytest.raises(SettingsError) as raised:
         load_settings(PlannerSettings)
-    assert "stats_retention_hours (12) is shorter than plans.window_hours (24)" in str(raised.value)
+    assert "detail_retention_hours (12) is shorter than plans.window_hours (24)" in str(raised.value)
     monkeypatch.setenv("WARMPLANE_PLANS__WINDOW_HOURS", "6")
-    assert load_settings(PlannerSettings).ingest.stats_retention_hours == 12
+    assert load_settings(PlannerSettings).ingest.detail_retention_hours == 12
 
 
-def test_the_node_cache_must_forget_well_inside_the_statistics_retention(
+def test_sums_per_scope_must_outlive_the_counts_they_are_summed_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMPLANE_INGEST__STATS_RETENTION_HOURS", "24")
+    with pytest.raises(SettingsError) as raised:
+        load_settings(PlannerSettings)
+    assert "detail_retention_hours (25) is longer than stats_retention_hours (24)" in str(raised.value)
+    monkeypatch.setenv("WARMPLANE_INGEST__DETAIL_RETENTION_HOURS", "24")
+    assert load_settings(PlannerSettings).ingest.stats_retention_hours == 24
+
+
+def test_the_node_cache_must_forget_well_inside_the_detail_retention(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("WARMPLANE_PLANS__WINDOW_HOURS", "1")
-    monkeypatch.setenv("WARMPLANE_INGEST__STATS_RETENTION_HOURS", "2")
+    monkeypatch.setenv("WARMPLANE_INGEST__DETAIL_RETENTION_HOURS", "2")
     monkeypatch.setenv("WARMPLANE_INGEST__NODE_CACHE_MAX_AGE_S", "3601")
     with pytest.raises(SettingsError) as raised:
         load_settings(PlannerSettings)
     assert "WARMPLANE_INGEST" in str(raised.value)
-    assert "node_cache_max_age_s (3601) is more than half of stats_retention_hours (2 h)" in str(raised.value)
+    assert "node_cache_max_age_s (3601) is more than half of detail_retention_hours (2 h)" in str(
+        raised.value
+    )
     monkeypatch.setenv("WARMPLANE_INGEST__NODE_CACHE_MAX_AGE_S", "3600")
     assert load_settings(PlannerSettings).ingest.node_cache_max_age_s == 3600
 
