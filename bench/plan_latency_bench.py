@@ -1,7 +1,7 @@
 """A replica's start to its plan at the warmer, idle and while ingestion runs at half its capacity, side by
 side in one run (issue 19's target: p99 <= 200 ms at half capacity). Run:
 
-    python -m bench.plan_latency_bench [--starts 30] [--capacity-events 200000] [--load-seconds 15]
+    python -m bench.plan_latency_bench [--starts 30] [--capacity-events 200000] [--load-seconds 30]
 
 On the embedded broker and Postgres, one planner process (`python -m warmplane.services.planner`, as
 deployed). Its ingestion capacity is measured first: `--capacity-events` requests of the fleet shape
@@ -11,8 +11,10 @@ after another, each once the previous one's plan arrived (and then stopped, so t
 large), twice: idle, then while this process publishes requests of that shape, encoded ahead and paced, at
 half that capacity. "At the warmer" is a consumer of the plans topic, as a warmer's is (no engine: a plan's
 path ends where its warmer receives it); a start's latency runs from sending its `replica.started` to its
-plan's arrival. Every consumer fetches with a 20 ms wait: the embedded broker answers a fetch when its wait
-ends, where Kafka answers when a record arrives. The bench shares the machine with the planner, the broker
+plan's arrival. Where each phase's time went is read from the planner's own histograms (its metrics
+endpoint, scraped around the phase): its batch writes, and its planning task by trigger type. Every
+consumer fetches with a 20 ms wait: the embedded broker answers a fetch when its wait ends, where Kafka
+answers when a record arrives. The bench shares the machine with the planner, the broker
 and Postgres: its figures are of one run.
 """
 
@@ -28,13 +30,16 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
 from bench.ingest_bench import MODELS, fleet_events, publish
@@ -44,6 +49,7 @@ from warmplane.services.planner.settings import IngestSettings, PlannerSettings
 from warmplane.shared import migrate
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres
+from warmplane.shared.embedded.processes import free_port
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import Event, ReplicaStarted, ReplicaStopped, RequestObserved, WarmPlanIssued
 from warmplane.shared.kafka_admin import ensure_topics
@@ -174,6 +180,39 @@ async def capacity(kafka: KafkaSettings, db: asyncpg.Connection, group: str, eve
     return (len(load) - first[1]) / (time.perf_counter() - first[0])
 
 
+async def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples the planner's metrics endpoint serves, by (name, labels)."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        text = (await client.get(url)).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """(count, seconds) of each kind of the planner's work between two scrapes."""
+
+    work: dict[str, tuple[int, float]]
+
+    @classmethod
+    def between(cls, before: dict[Any, float], after: dict[Any, float]) -> Spent:
+        work: dict[str, tuple[int, float]] = {}
+        for (name, labels), value in after.items():
+            if name == "warmplane_planner_batch_write_seconds_count":
+                what = "batch write"
+            elif name == "warmplane_planner_planning_seconds_count":
+                what = f"planning: {dict(labels)['trigger']}"
+            else:
+                continue
+            total = name.removesuffix("_count") + "_sum"
+            count = int(value - before.get((name, labels), 0))
+            work[what] = (count, after[(total, labels)] - before.get((total, labels), 0.0))
+        return cls(work)
+
+
 @contextlib.asynccontextmanager
 async def planner_process(settings: PlannerSettings, log: Path) -> AsyncIterator[None]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARMPLANE_")}
@@ -201,8 +240,9 @@ async def bench(args: argparse.Namespace, workdir: Path, recorder: SummaryRecord
             kafka=kafka,
             postgres=PostgresSettings(url=SecretStr(postgres.asyncpg_dsn)),
             ingest=IngestSettings(group_id=group),
-            metrics_port=0,
+            metrics_port=free_port(),
         )
+        metrics = f"http://127.0.0.1:{settings.metrics_port}/metrics"
         await ensure_topics(kafka, Topics(kafka.topic_prefix).all())
         db = await asyncpg.connect(postgres.asyncpg_dsn)
         producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=2)
@@ -212,13 +252,17 @@ async def bench(args: argparse.Namespace, workdir: Path, recorder: SummaryRecord
             async with planner_process(settings, workdir / "planner.log"), warmer.reading():
                 rate = await capacity(kafka, db, group, args.capacity_events)
                 print(f"ingestion capacity: {rate:,.0f} events/s")
+                before = await scrape(metrics)
                 idle = await start_latencies(kafka, warmer, producer, args.starts, "idle")
+                spent = {"idle": Spent.between(before, await scrape(metrics))}
                 pool = encoded_load(kafka, int(rate / 2 * args.load_seconds))
                 load = asyncio.create_task(paced_load(kafka, producer, pool, rate / 2))
                 began = time.perf_counter()
                 try:
                     await asyncio.sleep(2)  # the load under way
+                    before = await scrape(metrics)
                     loaded = await start_latencies(kafka, warmer, producer, args.starts, "loaded")
+                    spent["loaded"] = Spent.between(before, await scrape(metrics))
                     ran_out = load.done()
                 finally:
                     load.cancel()
@@ -230,7 +274,7 @@ async def bench(args: argparse.Namespace, workdir: Path, recorder: SummaryRecord
         finally:
             await producer.stop()
             await db.close()
-    _report(recorder, args, rate=rate, achieved=achieved, idle=idle, loaded=loaded)
+    _report(recorder, args, rate=rate, achieved=achieved, idle=idle, loaded=loaded, spent=spent)
 
 
 def _report(
@@ -241,6 +285,7 @@ def _report(
     achieved: float,
     idle: Sequence[float],
     loaded: Sequence[float],
+    spent: dict[str, Spent],
 ) -> None:
     rows = []
     for name, seconds in (("idle", idle), (f"ingestion at half capacity ({achieved:,.0f} events/s)", loaded)):
@@ -256,6 +301,20 @@ def _report(
         ["phase", "starts", "p50 ms", "p99 ms", "max ms"],
         rows,
     )
+    recorder.table(
+        "Where a phase's time went, from the planner's own histograms over the phase (count, mean and sum of"
+        " seconds): its batch writes, and its planning task by trigger type.",
+        ["phase", "work", "count", "mean ms", "total s"],
+        [
+            [phase, work, f"{count:,}", f"{1000 * total / count:.1f}", f"{total:.2f}"]
+            for phase, by_work in spent.items()
+            for work, (count, total) in by_work.work.items()
+            if count
+        ],
+    )
+    for phase, by_work in spent.items():
+        said = [f"{w} {n} x {1000 * t / n:.1f} ms" for w, (n, t) in by_work.work.items() if n]
+        print(f"{phase}: {', '.join(said)}")
     recorder.note(
         f"Target: p99 <= 200 ms at half capacity. One run, {args.starts} starts a phase; the load is paced at"
         f" half the capacity measured first ({rate:,.0f} events/s), {achieved:,.0f} events/s achieved."
@@ -269,7 +328,7 @@ def main() -> None:
     parser.add_argument(
         "--starts", type=int, default=30, help="replicas announced one after another, a phase"
     )
-    parser.add_argument("--load-seconds", type=float, default=15, help="the paced load's length at most")
+    parser.add_argument("--load-seconds", type=float, default=30, help="the paced load's length at most")
     parser.add_argument(
         "--capacity-events", type=int, default=200_000, help="events published to measure capacity"
     )

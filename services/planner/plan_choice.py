@@ -6,7 +6,7 @@ last `window_hours` or the weight horizon (`policy.weight_horizon_s`: 12 of the 
 a count weighs under 2 ** -12), whichever is shorter, decayed to now with `half_life_s` and with
 `frequency_half_life_s` (a rate is the mean of the two estimates), and the map from score to reuse is
 fitted on the same counts (`policy.fit_calibration`: scored at now minus the ramp window, against what was
-used since); then, per replica, the selection keeps
+used since) and serves the reads of the next `calibration_max_age_s`; then, per replica, the selection keeps
 the prefixes the gateway's ring sends to it among the model's live replicas (the replica included), whose
 calibrated probability of reuse is at least `min_reuse_probability`, within the budget (settings, capped
 by its KV capacity), minus what it already holds (`PgPlanStore.held`: its warmer's residency report on its
@@ -150,6 +150,8 @@ class WarmSetChooser:
         self._monotonic = monotonic
         """When a read began, in the clock of `StartsToPlan.committed_at` (seconds)."""
         self._kept: OrderedDict[tuple[str, str | None], _Statistics] = OrderedDict()
+        self._fitted: OrderedDict[tuple[str, str | None], tuple[datetime, ReuseCalibration]] = OrderedDict()
+        """(model, tenant) → when its calibration was fitted, and the fit (`calibration_max_age_s`)."""
 
     async def choose(
         self,
@@ -248,7 +250,12 @@ class WarmSetChooser:
         stats = await self._store.statistics(model, int(since.timestamp()) // self._bucket_seconds)
         names = await self._store.scope_names(sorted({scope for scope, _ in stats.prefixes}))
         scope_of = _scopes_by_prefix(stats, names, tenant)
-        trie, calibration = await asyncio.to_thread(self._build, stats, scope_of, now, model)
+        fitted = self._fitted_within(key, now)
+        trie, calibration = await asyncio.to_thread(self._build, stats, scope_of, now, model, fitted)
+        if fitted is None and self._settings.calibration_max_age_s:
+            self._fitted[key] = (now, calibration)
+            if len(self._fitted) > _STATISTICS_KEPT:
+                self._fitted.popitem(last=False)
         renderable = {prefix for prefix, scope in scope_of.items() if (scope, prefix) in stats.catalogued}
         read = _Statistics(now, begun, trie, scope_of, names, renderable, calibration)
         if max_age:
@@ -257,10 +264,25 @@ class WarmSetChooser:
                 self._kept.popitem(last=False)
         return read
 
+    def _fitted_within(self, key: tuple[str, str | None], now: datetime) -> ReuseCalibration | None:
+        """`key`'s calibration if it was fitted at most `calibration_max_age_s` before `now`."""
+        fitted = self._fitted.get(key)
+        max_age = timedelta(seconds=self._settings.calibration_max_age_s)
+        if fitted is None or not fitted[0] <= now < fitted[0] + max_age:
+            return None
+        self._fitted.move_to_end(key)
+        return fitted[1]
+
     def _build(
-        self, stats: ModelStatistics, scope_of: dict[int, int], now: datetime, model: str
+        self,
+        stats: ModelStatistics,
+        scope_of: dict[int, int],
+        now: datetime,
+        model: str,
+        calibration: ReuseCalibration | None,
     ) -> tuple[PrefixTrie, ReuseCalibration]:
-        """The trie of `stats` at `now` and its calibration (pure: run in a worker thread)."""
+        """The trie of `stats` at `now`, and its calibration: `calibration` if given, else fitted on `stats`
+        (pure: run in a worker thread)."""
         half = self._bucket_seconds / 2
         prefixes = [prefix for scope, prefix in stats.prefixes if scope_of.get(prefix.prefix_id) == scope]
         counts = [
@@ -277,7 +299,9 @@ class WarmSetChooser:
         )
         if left_out:
             log.warning("%d leaves of %s left out of the trie (unknown chain or bad tokens)", left_out, model)
-        return trie, fit_calibration(prefixes, counts, now.timestamp(), self._knobs)
+        if calibration is None:
+            calibration = fit_calibration(prefixes, counts, now.timestamp(), self._knobs)
+        return trie, calibration
 
 
 @dataclass(frozen=True, slots=True)

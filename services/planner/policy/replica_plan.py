@@ -146,9 +146,13 @@ def _decayed_trie(
     `chains`: each leaf's chain, root first (None: unknown or looping)."""
     trie = PrefixTrie(half_life_s)
     weights: dict[int, float] = {}
+    decays: dict[float, float] = {}  # counts share their buckets' times: one factor a time, not a count
     for count in counts:
-        decayed = count.requests * trie.decay_factor(max(0.0, now - count.at_s))
-        weights[count.leaf] = weights.get(count.leaf, 0.0) + decayed
+        at = count.at_s
+        decay = decays.get(at)
+        if decay is None:
+            decay = decays[at] = trie.decay_factor(max(0.0, now - at))
+        weights[count.leaf] = weights.get(count.leaf, 0.0) + count.requests * decay
     left_out = 0
 
     def observations() -> Iterator[tuple[list[int], list[int], float]]:

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.unit.planner.memory_planner import BUCKET, MODEL, NOW, MemoryFleet, MemoryPlans, Published
 from tests.unit.planner.planning_run import react
+from warmplane.services.planner import plan_choice
 from warmplane.services.planner.core.ingest_batch import IngestBatch
 from warmplane.services.planner.fleet_reactions import FleetReactor
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica
 from warmplane.services.planner.plans import PlanIssuer, Unplanned
+from warmplane.services.planner.policy import ReuseCalibration, fit_calibration
 from warmplane.services.planner.settings import ColdStartSettings, PlanRingSettings, PlanSettings
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
@@ -277,6 +281,37 @@ def test_a_statistics_age_of_zero_reads_the_counts_for_every_plan() -> None:
     asyncio.run(run.issue(started("a")))
     asyncio.run(run.issue(started("b")))
     assert len(store.asked) == 2
+
+
+def test_a_calibration_serves_the_reads_of_its_max_age_and_is_then_fitted_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every plan here reads the counts (no kept read); only the first read of each `calibration_max_age_s`
+    fits the map from score to reuse, per (model, tenant)."""
+    fitted: list[float] = []
+
+    def counting_fit(*args: Any) -> ReuseCalibration:
+        fitted.append(args[2])
+        return fit_calibration(*args)
+
+    monkeypatch.setattr(plan_choice, "fit_calibration", counting_fit)
+    store = three_tenants()
+    published, metrics = Published(), PlannerMetrics(CollectorRegistry())
+    clock = [NOW]
+    run = issuer(store, published, metrics, clock, statistics_max_age_s=0, calibration_max_age_s=30)
+    store.live = [live("a", "starting"), live("b", "starting"), live("c", "starting")]
+    asyncio.run(run.issue(started("a")))
+    clock[0] = NOW + timedelta(seconds=29)
+    asyncio.run(run.issue(started("b")))
+    assert (len(store.asked), fitted) == (2, [NOW.timestamp()])
+    bump = EpochBumped(
+        event_id=new_event_id(), occurred_at=NOW, producer="api", tenant="tenant-1", model=MODEL, epoch=2
+    )
+    asyncio.run(run.replan(bump))  # one tenant's counts: a calibration of their own
+    assert fitted == [NOW.timestamp(), clock[0].timestamp()]
+    clock[0] = NOW + timedelta(seconds=30)
+    asyncio.run(run.issue(started("c")))
+    assert fitted == [NOW.timestamp(), (NOW + timedelta(seconds=29)).timestamp(), clock[0].timestamp()]
 
 
 def test_a_re_plan_reads_the_counts_afresh_even_just_after_a_start() -> None:
