@@ -1,7 +1,9 @@
 """A replica's start to its plan at the warmer, idle and while ingestion runs at half its capacity, side by
-side in one run (issue 19's target: p99 <= 200 ms at half capacity). Run:
+side in one run, and a burst of starts at once (issue 19's targets: p99 <= 200 ms at half capacity; 1,000
+replicas announced at once, every plan within 2 s p99). Run:
 
     python -m bench.plan_latency_bench [--starts 30] [--capacity-events 200000] [--load-seconds 30]
+                                       [--burst 1000]
 
 On the embedded broker and Postgres, one planner process (`python -m warmplane.services.planner`, as
 deployed). Its ingestion capacity is measured first: `--capacity-events` requests of the fleet shape
@@ -9,13 +11,14 @@ deployed). Its ingestion capacity is measured first: `--capacity-events` request
 to the last (the group's stored offsets). Then `--starts` replicas of the traffic's model are announced one
 after another, each once the previous one's plan arrived (and then stopped, so the fleet stays one replica
 large), twice: idle, then while this process publishes requests of that shape, encoded ahead and paced, at
-half that capacity. "At the warmer" is a consumer of the plans topic, as a warmer's is (no engine: a plan's
-path ends where its warmer receives it); a start's latency runs from sending its `replica.started` to its
-plan's arrival. Where each phase's time went is read from the planner's own histograms (its metrics
-endpoint, scraped around the phase): its batch writes, and its planning task by trigger type. Every
-consumer fetches with a 20 ms wait: the embedded broker answers a fetch when its wait ends, where Kafka
-answers when a record arrives. The bench shares the machine with the planner, the broker
-and Postgres: its figures are of one run.
+half that capacity; between the two, `--burst` replicas are announced at once (a fleet scaling out by that
+many), each timed from the burst's sending, and then stopped. "At the warmer" is a consumer of the plans
+topic, as a warmer's is (no engine: a plan's path ends where its warmer receives it); a start's latency runs
+from sending its `replica.started` to its plan's arrival. Where each phase's time went is read from the
+planner's own histograms (its metrics endpoint, scraped around the phase): its batch writes, and its
+planning task by trigger type. Every consumer fetches with a 20 ms wait: the embedded broker answers a fetch
+when its wait ends, where Kafka answers when a record arrives. The bench shares the machine with the
+planner, the broker and Postgres: its figures are of one run.
 """
 
 from __future__ import annotations
@@ -118,6 +121,44 @@ async def start_latencies(
         latencies.append(warmer.arrived[start.event_id] - sent)
         stop = ReplicaStopped(event_id=new_event_id(), occurred_at=datetime.now(UTC), **common)  # type: ignore[arg-type]
         await producer.send_and_wait(lifecycle, codec.encode(stop), key=partition_key(stop))
+    return latencies
+
+
+async def burst_latencies(
+    kafka: KafkaSettings,
+    warmer: PlansAtTheWarmer,
+    producer: AIOKafkaProducer,
+    db: asyncpg.Connection,
+    count: int,
+) -> list[float]:
+    """Seconds from sending `count` replicas' `replica.started` at once to each one's plan; then they are
+    stopped, and this returns once the planner has them stopped."""
+    lifecycle, codec = Topics(kafka.topic_prefix).lifecycle, EventCodec(kafka.max_event_bytes)
+    replicas = [
+        dict(producer="bench", model=MODELS[0], replica=f"burst-{i}", node=f"node-{i % 64}")
+        for i in range(count)
+    ]
+    starts = [ReplicaStarted(event_id=new_event_id(), occurred_at=datetime.now(UTC), **r) for r in replicas]  # type: ignore[arg-type]
+    sent = time.perf_counter()
+    await asyncio.gather(
+        *[await producer.send(lifecycle, codec.encode(s), key=partition_key(s)) for s in starts]
+    )
+    deadline = sent + 120
+    while any(start.event_id not in warmer.arrived for start in starts):
+        if time.perf_counter() > deadline:
+            missing = sum(start.event_id not in warmer.arrived for start in starts)
+            raise RuntimeError(f"burst: {missing} of {count} plans missing after 120 s")
+        await asyncio.sleep(0.01)
+    latencies = [warmer.arrived[start.event_id] - sent for start in starts]
+    stops = [ReplicaStopped(event_id=new_event_id(), occurred_at=datetime.now(UTC), **r) for r in replicas]  # type: ignore[arg-type]
+    await asyncio.gather(
+        *[await producer.send(lifecycle, codec.encode(s), key=partition_key(s)) for s in stops]
+    )
+    live = "SELECT count(*) FROM replicas WHERE replica_id LIKE 'burst-%' AND state <> 'gone'"
+    while await db.fetchval(live):
+        if time.perf_counter() > deadline + 60:
+            raise RuntimeError("burst: the planner did not record the stops in 60 s")
+        await asyncio.sleep(0.05)
     return latencies
 
 
@@ -255,6 +296,9 @@ async def bench(args: argparse.Namespace, workdir: Path, recorder: SummaryRecord
                 before = await scrape(metrics)
                 idle = await start_latencies(kafka, warmer, producer, args.starts, "idle")
                 spent = {"idle": Spent.between(before, await scrape(metrics))}
+                before = await scrape(metrics)
+                burst = await burst_latencies(kafka, warmer, producer, db, args.burst)
+                spent["burst"] = Spent.between(before, await scrape(metrics))
                 pool = encoded_load(kafka, int(rate / 2 * args.load_seconds))
                 load = asyncio.create_task(paced_load(kafka, producer, pool, rate / 2))
                 began = time.perf_counter()
@@ -274,7 +318,7 @@ async def bench(args: argparse.Namespace, workdir: Path, recorder: SummaryRecord
         finally:
             await producer.stop()
             await db.close()
-    _report(recorder, args, rate=rate, achieved=achieved, idle=idle, loaded=loaded, spent=spent)
+    _report(recorder, args, rate=rate, achieved=achieved, idle=idle, loaded=loaded, burst=burst, spent=spent)
 
 
 def _report(
@@ -285,6 +329,7 @@ def _report(
     achieved: float,
     idle: Sequence[float],
     loaded: Sequence[float],
+    burst: Sequence[float],
     spent: dict[str, Spent],
 ) -> None:
     rows = []
@@ -295,9 +340,18 @@ def _report(
         print(f"replica.started -> plan at the warmer, {name}: p50 {p50:.0f} ms, p99 {p99:.0f} ms")
         recorder.figure(f"replica.started -> plan at the warmer, {name.split(' (')[0]}, p50", p50, "ms")
         recorder.figure(f"replica.started -> plan at the warmer, {name.split(' (')[0]}, p99", p99, "ms")
+    ms = [1000 * s for s in burst]
+    p50, p99 = percentile(ms, 0.5), percentile(ms, 0.99)
+    rows.append(
+        [f"{len(ms):,} announced at once (idle)", len(ms), f"{p50:.0f}", f"{p99:.0f}", f"{max(ms):.0f}"]
+    )
+    print(f"{len(ms):,} replicas announced at once -> plan at the warmer: p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+    recorder.figure(f"{len(ms):,} replicas announced at once -> plan at the warmer, p50", p50, "ms")
+    recorder.figure(f"{len(ms):,} replicas announced at once -> plan at the warmer, p99", p99, "ms")
     recorder.figure("planner ingestion capacity (fleet shape)", rate, "events/s")
     recorder.table(
-        "Each phase: starts announced one after another.",
+        "Each phase: starts announced one after another; the burst's all at once, each timed from the"
+        " burst's sending.",
         ["phase", "starts", "p50 ms", "p99 ms", "max ms"],
         rows,
     )
@@ -318,6 +372,7 @@ def _report(
     recorder.note(
         f"Target: p99 <= 200 ms at half capacity. One run, {args.starts} starts a phase; the load is paced at"
         f" half the capacity measured first ({rate:,.0f} events/s), {achieved:,.0f} events/s achieved."
+        f" Target for {len(burst):,} replicas announced at once: every plan within 2 s p99."
     )
 
 
@@ -329,6 +384,7 @@ def main() -> None:
         "--starts", type=int, default=30, help="replicas announced one after another, a phase"
     )
     parser.add_argument("--load-seconds", type=float, default=30, help="the paced load's length at most")
+    parser.add_argument("--burst", type=int, default=1_000, help="replicas announced at once, idle")
     parser.add_argument(
         "--capacity-events", type=int, default=200_000, help="events published to measure capacity"
     )

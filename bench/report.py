@@ -87,8 +87,8 @@ BENCHES = (
     Bench("result_cache", "bench.result_cache_bench", 4, 20,  # estimated: 1 min at 10 requests
           "--requests 200 --max-tokens 16",
           "Result-cache hits vs the engine"),
-    Bench("plan_latency", "bench.plan_latency_bench", 1.5, 10,  # measured: 50 s at 15 starts, 100,000 events
-          "--starts 30 --capacity-events 200000 --load-seconds 30",
+    Bench("plan_latency", "bench.plan_latency_bench", 2, 10,  # measured: 50 s at 30 starts, 200,000 events
+          "--starts 30 --capacity-events 200000 --load-seconds 30 --burst 1000",
           "A replica's start to its plan at the warmer, idle and at half ingestion capacity"),
     Bench("result_layers", "bench.result_layers_bench", 10, 30,  # estimated: 1.5 min at 5,000 entries
           "--entries 100000 --lookups 2000 --runs 3",

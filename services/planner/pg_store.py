@@ -329,9 +329,10 @@ class PgIngestStore:
 
     async def _record_fleet(self, connection: asyncpg.Connection, batch: IngestBatch) -> None:
         """Replica transitions and heartbeats, fleet changes, plan results and residency reports: few per
-        batch, one statement each."""
-        for event in batch.replica_events:
-            await self._record_replica(connection, event)
+        batch, one statement each, but for replica transitions, which a fleet scaling out brings by the
+        hundred: each of their two statements runs for all of them in one pipelined round."""
+        if batch.replica_events:
+            await self._record_replicas(connection, batch.replica_events)
         if batch.heartbeats:
             beats = list(batch.heartbeats.values())
             await connection.execute(RECORD_HEARD, [b.replica for b in beats], [b.occurred_at for b in beats])
@@ -382,24 +383,31 @@ class PgIngestStore:
             result.occurred_at,
         )
 
-    async def _record_replica(self, connection: asyncpg.Connection, event: ReplicaEvent) -> None:
-        await connection.execute(
-            RECORD_TRANSITION, event.event_id, event.replica, event.STATE, event.occurred_at, event.reason
+    async def _record_replicas(self, connection: asyncpg.Connection, events: Sequence[ReplicaEvent]) -> None:
+        """Each event's transition, then each one's upsert of its replica, in batch order: two replicas'
+        rows are independent, and one replica's events are applied in the order they came."""
+        await connection.executemany(
+            RECORD_TRANSITION, [(e.event_id, e.replica, e.STATE, e.occurred_at, e.reason) for e in events]
         )
-        await connection.execute(
+        await connection.executemany(
             UPSERT_REPLICA,
-            event.replica,
-            event.node,
-            event.model.name,
-            event.model.revision,
-            event.endpoint,
-            event.STATE,
-            event.occurred_at,
-            event.kv_capacity_tokens,
-            event.reason,
-            event.event_id,
-            # Heard from its warmer; a loss is the planner's word, which says nothing of the replica.
-            None if isinstance(event, ReplicaLost) else event.occurred_at,
+            [
+                (
+                    e.replica,
+                    e.node,
+                    e.model.name,
+                    e.model.revision,
+                    e.endpoint,
+                    e.STATE,
+                    e.occurred_at,
+                    e.kv_capacity_tokens,
+                    e.reason,
+                    e.event_id,
+                    # Heard from its warmer; a loss is the planner's word, which says nothing of the replica.
+                    None if isinstance(e, ReplicaLost) else e.occurred_at,
+                )
+                for e in events
+            ],
         )
 
     async def sweep(self, *, ledger_before: datetime, catalog_before: datetime) -> tuple[int, int]:
