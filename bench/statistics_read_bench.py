@@ -17,8 +17,9 @@ the planner kept them while per-prefix counts stayed for the whole statistics re
 then after the planner's retention sweep at the default settings (`pg_retention`: counts past
 `detail_retention_hours` summed per scope, unreached paths past that cut deleted), run until it deletes
 nothing more, as sweeps every few minutes over those days would have left the tables. It prints the
-rows returned, the seconds of each read and of the trie build, beside the nodes the trie needs (those on
-the chains of the leaves counted in the window): the read's excess is their ratio.
+rows returned, the seconds of each read and of the trie build and the most memory they held at once (the
+planner's for a plan), beside the nodes the trie needs (those on the chains of the leaves counted in the
+window): the read's excess is their ratio.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+import tracemalloc
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -139,6 +141,17 @@ async def measure(pool: asyncpg.Pool, since_bucket: int, now: datetime) -> dict[
     return {"read": read, "build": time.perf_counter() - began, "rows": len(stats.prefixes)}
 
 
+async def peak_bytes(pool: asyncpg.Pool, since_bucket: int, now: datetime) -> int:
+    """The most memory one read and its trie held at once (`tracemalloc`, in a run of its own: tracing
+    slows what it traces)."""
+    tracemalloc.start()
+    try:
+        await measure(pool, since_bucket, now)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 async def sweep(pool: asyncpg.Pool, now: datetime) -> tuple[int, int]:
     """The planner's retention sweep at the default settings (`app._sweep_forever`), until it deletes no
     more paths (a chain goes a level a sweep); (counts summed per scope, path rows deleted)."""
@@ -157,7 +170,8 @@ async def sweep(pool: asyncpg.Pool, now: datetime) -> tuple[int, int]:
 async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
     now = datetime.now(UTC)
     since_bucket = int((now - timedelta(hours=24)).timestamp()) // BUCKET_S
-    header = ["days", "path rows", "kept", "nodes read", "needed", "excess", "read s", "trie s", "sweep s"]
+    header = ["days", "path rows", "kept", "nodes read", "needed", "excess", "read s", "trie s"]
+    header += ["peak MiB", "sweep s"]
     with tempfile.TemporaryDirectory() as workdir, EmbeddedPostgres(Path(workdir) / "pg") as postgres:
         print(" ".join(f"{h:>10}" for h in header))
         table: list[list[object]] = []
@@ -169,23 +183,25 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
             pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
             try:
                 unswept = [await measure(pool, since_bucket, now) for _ in range(args.runs)]
+                unswept_peak = await peak_bytes(pool, since_bucket, now)
                 began = time.perf_counter()
                 await sweep(pool, now)
                 swept_s = time.perf_counter() - began
                 kept = await pool.fetchval("SELECT count(*) FROM prefix_paths")
                 swept = [await measure(pool, since_bucket, now) for _ in range(args.runs)]
+                swept_peak = await peak_bytes(pool, since_bucket, now)
             finally:
                 await pool.close()
-            for label, runs, rows_kept, sweep_s in (
-                ("every row kept", unswept, len(paths), "-"),
-                ("swept", swept, kept, f"{swept_s:.1f}"),
+            for label, runs, rows_kept, peak, sweep_s in (
+                ("every row kept", unswept, len(paths), unswept_peak, "-"),
+                ("swept", swept, kept, swept_peak, f"{swept_s:.1f}"),
             ):
                 rows = int(runs[0]["rows"])
                 read = statistics.median(run["read"] for run in runs)
                 build = statistics.median(run["build"] for run in runs)
                 line = [
                     f"{days} ({label})", f"{len(paths):,}", f"{rows_kept:,}", f"{rows:,}", f"{needed:,}",
-                    f"{rows / needed:.2f}x", f"{read:.2f}", f"{build:.2f}", sweep_s,
+                    f"{rows / needed:.2f}x", f"{read:.2f}", f"{build:.2f}", f"{peak / 2**20:.0f}", sweep_s,
                 ]  # fmt: skip
                 print(" ".join(f"{cell:>10}" for cell in line))
                 table.append(line)
@@ -195,6 +211,12 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
                 f"statistics read, {days} days of history", read, "s", ("every path row kept", base_read)
             )
             recorder.figure(
+                f"memory of a read and its trie, {days} days of history",
+                swept_peak / 2**20,
+                "MiB",
+                ("every path row kept", unswept_peak / 2**20),
+            )
+            recorder.figure(
                 f"nodes read, {days} days of history",
                 int(swept[0]["rows"]),
                 "nodes",
@@ -202,8 +224,9 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
             )
     recorder.table(
         "Per history length, with every row kept and after the retention sweep: path rows stored and kept,"
-        " nodes the read returned and the trie needs, the medians of the read and the trie build, and the"
-        " sweeps' seconds (all of them, from the unswept tables).",
+        " nodes the read returned and the trie needs, the medians of the read and the trie build, the most"
+        " memory a read and its trie held at once (tracemalloc, a run of its own), and the sweeps' seconds"
+        " (all of them, from the unswept tables).",
         header,
         table,
     )
