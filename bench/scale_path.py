@@ -14,10 +14,11 @@ a floor, not a ceiling, once many planners contend).
 
 For each fleet size it prints the events a second, the planner cores and Postgres cores the rate needs at
 `--utilization`, the WAL a second, the bytes a day, and what is kept: today's store keeps every chain
-path and statistics row for `--retention-days`; the store issue 19 proposes keeps them for the window
-in which counts still weigh (`--window-hours`) and rolls older ones into per-scope summaries (not
-counted here: a row a scope and root an hour). Then the fleet size at which one Postgres node of
-`--node-cores` cores and `--node-wal-mb-s` of sustained WAL stops being enough, whichever comes first.
+path and per-prefix count for `--retention-days` (the detail retention, `detail_retention_hours`: older
+counts are summed per scope and bucket, a row a scope a minute, not counted here); the store issue 19
+proposes keeps them for the window in which counts still weigh (`--window-hours`). Then the fleet size
+at which one Postgres node of `--node-cores` cores and `--node-wal-mb-s` of sustained WAL stops being
+enough, whichever comes first.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.summary import SummaryRecorder, add_summary_option, parameters_of
+from warmplane.services.planner.settings import IngestSettings
 
 RESULTS = Path(__file__).with_name("RESULTS.json")
 SECTION = "ingest_chat"
@@ -155,7 +157,10 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--utilization", type=float, default=0.7, help="the most a core is kept busy")
     parser.add_argument(
-        "--retention-days", type=float, default=31.0, help="today's stats_retention_hours / 24"
+        "--retention-days",
+        type=float,
+        default=IngestSettings().detail_retention_hours / 24,
+        help="today's detail_retention_hours / 24",
     )
     parser.add_argument("--window-hours", type=float, default=2.0, help="where counts stop weighing")
     parser.add_argument("--node-cores", type=int, default=32, help="one Postgres node's cores")
