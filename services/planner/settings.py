@@ -125,8 +125,8 @@ class PlanSettings(BaseModel):
     calibration_max_age_s: Annotated[float, Field(ge=0, le=3_600)] = 60.0
     """A model's map from score to observed reuse (`policy.fit_calibration`), fitted at a read of its
     counts, serves the reads within this long after it: it describes how the model's traffic reuses
-    prefixes, which moves over minutes, and refitting it took about two fifths of each read's trie build
-    (`python -m bench.plan_latency_bench`). 0 fits at every read."""
+    prefixes, which moves over minutes, and refitting it at every read was a large share of a start's trie
+    build (`python -m bench.plan_latency_bench`). 0 fits at every read."""
     planning_queue_depth: Annotated[int, Field(gt=0, le=1_000_000)] = 1_024
     """Triggers (`core/triggers.py`) waiting for the planning task at most. They coalesce, one a key (model,
     tenant and model, replica, deploy), so this bounds distinct keys, not traffic; when it is reached the
