@@ -10,6 +10,7 @@ through the same two functions, so what it measures is what the planner issues.
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping, Sequence
@@ -102,9 +103,12 @@ def trie_from_counts(
 
     With `frequency_half_life_s` (longer than `half_life_s`), the trie counts at that half-life and is
     blended with one counting at `half_life_s` (`PrefixTrie.blend`): its rates are the mean of a frequency
-    and a recency estimate. A leaf's chain is walked up `prefixes` to its root. A leaf that is unknown,
-    whose chain loops or whose tokens decrease down the chain (data being retired, or corrupt) is left out
-    and counted; nothing else is lost (a count decayed to nothing is simply gone). Counts stamped after
+    and a recency estimate. A leaf's chain is walked up `prefixes` to its root. A prefix counts at least
+    its parent's cumulative tokens: stored token counts are per-request estimates (the gateway scales its
+    estimate to each request's own prompt count), so two requests through one prefix may record it a few
+    tokens apart, and a chain assembled from both may dip. A leaf that is unknown, whose chain loops or
+    whose root has no tokens (data being retired, or corrupt) is left out and counted; nothing else is lost
+    (a count decayed to nothing is simply gone). Counts stamped after
     `now` count as at `now`. Raises `ValueError` for a half-life that is not positive, or a frequency
     half-life not longer than `half_life_s`.
     """
@@ -165,7 +169,11 @@ def _decayed_trie(
             if chain is None or not math.isfinite(weight):
                 left_out += 1
                 continue
-            yield [p.prefix_id for p in chain], [p.tokens for p in chain], weight
+            yield (
+                [p.prefix_id for p in chain],
+                list(itertools.accumulate((p.tokens for p in chain), max)),
+                weight,
+            )
 
     refused = trie.observe_all(observations(), now)  # lazily: a leaf's lists are freed as it is counted
     return trie, left_out + refused

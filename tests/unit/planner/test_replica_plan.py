@@ -41,18 +41,36 @@ def test_bucketed_counts_give_the_trie_that_observing_each_request_gives() -> No
     assert node is not None and (node.parent, node.tokens, node.own_tokens) == (1, 250, 150)
 
 
-def test_leaves_with_unknown_chains_or_bad_tokens_are_left_out_and_counted() -> None:
+def test_leaves_with_unknown_chains_or_untokened_roots_are_left_out_and_counted() -> None:
     prefixes = [
         StoredPrefix(1, None, 100),
-        StoredPrefix(2, 1, 50),
         StoredPrefix(4, 5, 10),
         StoredPrefix(5, 4, 9),
+        StoredPrefix(6, None, 0),
     ]
-    counts = [LeafCount(2, 0.0, 1), LeafCount(9, 0.0, 1), LeafCount(5, 0.0, 1), LeafCount(1, 0.0, 3)]
+    counts = [LeafCount(9, 0.0, 1), LeafCount(5, 0.0, 1), LeafCount(6, 0.0, 1), LeafCount(1, 0.0, 3)]
     trie, left_out = trie_from_counts(prefixes, counts, 0.0, 60.0)
-    assert left_out == 3  # 2's tokens decrease, 9 is unknown, 5's chain loops
+    assert left_out == 3  # 9 is unknown, 5's chain loops, 6 has no tokens
     assert [node.prefix_id for node in trie.nodes()] == [1]
     assert trie.count(1, 0.0) == 3
+
+
+def test_a_prefix_recorded_with_fewer_tokens_than_its_parent_counts_at_its_parents() -> None:
+    """The gateway scales each request's token estimate to its prompt count, so a chain stored from two
+    requests may dip (3 recorded below 2): its leaves still count, the dip read as no tokens of its own,
+    and a prefix below it keeps its own tokens."""
+    prefixes = [
+        StoredPrefix(1, None, 100),
+        StoredPrefix(2, 1, 230),
+        StoredPrefix(3, 2, 226),
+        StoredPrefix(4, 3, 300),
+    ]
+    counts = [LeafCount(3, 0.0, 2), LeafCount(4, 0.0, 1)]
+    trie, left_out = trie_from_counts(prefixes, counts, 0.0, 60.0)
+    assert left_out == 0
+    assert trie.count(1, 0.0) == trie.count(2, 0.0) == trie.count(3, 0.0) == 3
+    shape = [(n.prefix_id, n.tokens, n.own_tokens) for n in trie.nodes()]
+    assert shape == [(1, 100, 100), (2, 230, 130), (3, 230, 0), (4, 300, 70)]
 
 
 def test_a_frequency_half_life_makes_each_rate_the_mean_of_the_two_estimates() -> None:
