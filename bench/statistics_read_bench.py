@@ -40,7 +40,7 @@ import asyncpg
 from bench.ingest_bench import fresh_database
 from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.services.planner.pg_plans import PgPlanStore
-from warmplane.services.planner.pg_retention import sweep_paths, sweep_statistics
+from warmplane.services.planner.pg_retention import sweep_counts
 from warmplane.services.planner.policy import LeafCount, trie_from_counts
 from warmplane.services.planner.settings import IngestSettings
 from warmplane.shared.embedded import EmbeddedPostgres
@@ -153,16 +153,22 @@ async def peak_bytes(pool: asyncpg.Pool, since_bucket: int, now: datetime) -> in
 
 
 async def sweep(pool: asyncpg.Pool, now: datetime) -> tuple[int, int]:
-    """The planner's retention sweep at the default settings (`app._sweep_forever`), until it deletes no
-    more paths (a chain goes a level a sweep); (counts summed per scope, path rows deleted)."""
+    """The planner's retention sweep at the default settings (`pg_retention.sweep_counts`, as
+    `app._sweep_forever` runs it), until it deletes no more paths (a chain goes a level a sweep); (counts
+    summed per scope, path rows deleted)."""
     ingest = IngestSettings()
-    detail_before = now - timedelta(hours=ingest.detail_retention_hours)
-    detail_bucket = int(detail_before.timestamp()) // BUCKET_S
-    stats_bucket = int((now - timedelta(hours=ingest.stats_retention_hours)).timestamp()) // BUCKET_S
-    moved, _ = await sweep_statistics(pool, detail_before_bucket=detail_bucket, before_bucket=stats_bucket)
-    deleted = 0
-    while gone := await sweep_paths(pool, detail_before, misses_from_bucket=detail_bucket):
-        deleted += gone
+    moved = deleted = 0
+    while True:
+        summed, _, gone = await sweep_counts(
+            pool,
+            now,
+            detail_hours=ingest.detail_retention_hours,
+            stats_hours=ingest.stats_retention_hours,
+            bucket_seconds=BUCKET_S,
+        )
+        moved, deleted = moved + summed, deleted + gone
+        if not gone:
+            break
     await pool.execute("VACUUM ANALYZE prefix_paths")
     return moved, deleted
 

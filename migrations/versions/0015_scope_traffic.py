@@ -7,8 +7,8 @@ Create Date: 2026-12-06
 
 A plan reads every chain node of the model's scopes with traffic in its window (`PgPlanStore.statistics`),
 and `prefix_paths` kept a chain for as long as a `prefix_stats` row named one of its prefixes: 31 days.
-In chat traffic, where almost every request adds nodes, a plan's read grew with that retention (12.5 s
-and 4.0 M nodes at 31 days for 130,000 needed, `python -m bench.statistics_read_bench`). Plans weigh only
+In chat traffic, where almost every request adds nodes, a plan's read grew with that retention, reading
+many times the nodes it needs (`python -m bench.statistics_read_bench`). Plans weigh only
 the last `WARMPLANE_PLANS__WINDOW_HOURS`; the 30 days are for the API's traffic view, which sums per
 tenant and model and never needed the prefix.
 
@@ -17,7 +17,7 @@ the sweep moves older buckets into this table, summed per scope, in the statemen
 (`services/planner/pg_retention.py`): a request is counted in exactly one of the two tables at any
 moment. The path sweep follows the detail's cut, so the chains a plan reads span about a day whatever the
 retention. This table keeps `WARMPLANE_INGEST__STATS_RETENTION_HOURS` (31 days) like `miss_stats` and
-`replica_stats`; a row a scope a bucket (1,440 a day at one-minute buckets).
+`replica_stats`; a row a scope a bucket.
 
 The downgrade drops the table: the sums it held of buckets older than the detail's cut are lost.
 """

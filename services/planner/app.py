@@ -34,7 +34,7 @@ from warmplane.services.planner.bootstrap import PlannerParts, bootstrap
 from warmplane.services.planner.fleet_reactions import FleetReactor
 from warmplane.services.planner.ingestor import Ingestor, Offsets, Partition
 from warmplane.services.planner.metrics import PlannerMetrics
-from warmplane.services.planner.pg_retention import sweep_history, sweep_paths, sweep_statistics
+from warmplane.services.planner.pg_retention import sweep_counts, sweep_history
 from warmplane.services.planner.pg_store import PgIngestStore
 from warmplane.services.planner.plans import PlanIssuer
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
@@ -291,14 +291,13 @@ async def _sweep_forever(store: PgIngestStore, pool: asyncpg.Pool, settings: Pla
                 ledger_before=now - timedelta(hours=ingest.ledger_retention_hours),
                 catalog_before=now - timedelta(hours=ingest.catalog_retention_hours),
             )
-            bucket_s = settings.statistics.bucket_seconds
-            detail_before = now - timedelta(hours=ingest.detail_retention_hours)
-            detail_bucket = int(detail_before.timestamp()) // bucket_s
-            stats_bucket = int((now - timedelta(hours=ingest.stats_retention_hours)).timestamp()) // bucket_s
-            moved, stats = await sweep_statistics(
-                pool, detail_before_bucket=detail_bucket, before_bucket=stats_bucket
+            moved, stats, paths = await sweep_counts(
+                pool,
+                now,
+                detail_hours=ingest.detail_retention_hours,
+                stats_hours=ingest.stats_retention_hours,
+                bucket_seconds=settings.statistics.bucket_seconds,
             )
-            paths = await sweep_paths(pool, detail_before, misses_from_bucket=detail_bucket)
             history = await sweep_history(pool, now - timedelta(hours=ingest.history_retention_hours))
             log.info(
                 "retention sweep removed %d ledger rows, %d catalog payloads, %d statistics rows,"

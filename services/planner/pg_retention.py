@@ -30,7 +30,7 @@ holds from them. Deploys, bumps, scale events and cold-start alarms are a few ro
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final
 
 import asyncpg
@@ -152,6 +152,21 @@ async def sweep_paths(
     docstring); the number deleted. Run it after `sweep_statistics`, with its detail cut, so the rows of
     buckets just moved go in the same sweep."""
     return await _delete_in_chunks(pool, _UNREACHED_PATHS, seen_before, chunk, misses_from_bucket)
+
+
+async def sweep_counts(
+    pool: asyncpg.Pool, now: datetime, *, detail_hours: float, stats_hours: float, bucket_seconds: int
+) -> tuple[int, int, int]:
+    """The statistics and path sweeps at `now`, with the detail cut `detail_hours` back and the statistics'
+    cut `stats_hours` back; (counts summed per scope, statistics rows deleted, path rows deleted)."""
+    detail_before = now - timedelta(hours=detail_hours)
+    detail_bucket = int(detail_before.timestamp()) // bucket_seconds
+    stats_bucket = int((now - timedelta(hours=stats_hours)).timestamp()) // bucket_seconds
+    moved, removed = await sweep_statistics(
+        pool, detail_before_bucket=detail_bucket, before_bucket=stats_bucket
+    )
+    paths = await sweep_paths(pool, detail_before, misses_from_bucket=detail_bucket)
+    return moved, removed, paths
 
 
 async def _delete_in_chunks(

@@ -11,6 +11,7 @@ import asyncpg
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.pg_retention import (
     STATISTICS_TABLES,
+    sweep_counts,
     sweep_history,
     sweep_paths,
     sweep_statistics,
@@ -87,6 +88,31 @@ async def test_statistics_buckets_before_the_cut_go_in_chunks_and_later_ones_sta
         assert (
             await pool.fetchval("SELECT requests FROM scope_traffic WHERE (scope_id, bucket) = (1, 5)") == 13
         )
+    finally:
+        await pool.close()
+
+
+async def test_a_sweep_at_now_cuts_the_detail_and_the_statistics_hours_back(migrated_database: str) -> None:
+    """`sweep_counts` as the planner runs it: counts older than the detail hours are summed per scope, the
+    sums older than the statistics hours go, and so does a path past the detail cut that nothing reaches."""
+    now = datetime.now(UTC)
+    minute = int(now.timestamp()) // 60
+    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
+    try:
+        await pool.execute(
+            "INSERT INTO prefix_stats (scope_id, prefix_id, bucket, requests)"
+            " VALUES (1, 1, $1, 1), (1, 2, $2, 1), (1, 3, $3, 1)",
+            minute,  # kept in detail
+            minute - 3 * 60,  # past the detail cut (2 h): summed
+            minute - 30 * 60,  # past the statistics' cut (24 h): summed, then gone
+        )
+        await add_path(pool, 1, None, [7, 8], now - timedelta(hours=3))  # nothing reaches it
+        await add_path(pool, 1, None, [1], now - timedelta(hours=3))  # a kept count reaches it
+        swept = await sweep_counts(pool, now, detail_hours=2, stats_hours=24, bucket_seconds=60)
+        assert swept == (2, 1, 1)
+        assert await pool.fetchval("SELECT array_agg(prefix_id) FROM prefix_stats") == [1]
+        assert await pool.fetchval("SELECT array_agg(bucket) FROM scope_traffic") == [minute - 3 * 60]
+        assert await leaves(pool) == {(1, 1)}
     finally:
         await pool.close()
 
