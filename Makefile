@@ -39,7 +39,7 @@ integration: $(BIN)/warmplane vllm browser
 e2e: $(BIN)/warmplane vllm browser
 	$(BIN)/pytest -q tests/e2e
 
-# Every kept benchmark into bench/RESULTS.md (about two and a half hours on 2 cores); `make bench ONLY=epoch,gateway`
+# Every kept benchmark into bench/RESULTS.md (about two hours and ten minutes on 2 cores); `make bench ONLY=epoch,gateway`
 # runs some again and replaces only their sections.
 bench: $(BIN)/warmplane vllm
 	$(BIN)/pip install --quiet -e '.[bench]'

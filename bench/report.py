@@ -14,9 +14,8 @@ keeping the others as they were (the data is kept beside the file, `RESULTS.json
 the summary of a bench run alone (`--summary-json`) instead of running it again.
 
 The parameters below (the benches' documented defaults, spelled out) are sized so that a full run takes
-about two and a half hours on a 2-core machine, 95 minutes of it the scale-up scenario; each bench's
-minutes are what it took in a report run (`measured`) or an estimate from smaller runs (`estimated`);
-`--list` prints the table.
+about two hours and ten minutes on a 2-core machine, 95 minutes of it the scale-up scenario; each bench's
+minutes are what it took in the full report run of 2026-12-06 (2 h 9 min; `--list` prints the table).
 """
 
 from __future__ import annotations
@@ -69,64 +68,64 @@ class Bench:
 
 BENCHES = (
     # name, module, minutes, timeout minutes; parameters; title
-    Bench("ingest", "bench.ingest_bench", 6, 25,  # estimated: 15 s for 20,000 events, 1 run
+    Bench("ingest", "bench.ingest_bench", 0.8, 25,  # measured: 51 s
           "--events 600000 --runs 3 --shape fleet --planners 1,2",
           "Planner ingestion into Postgres vs the raw consumer loop"),
-    Bench("ingest_chat", "bench.ingest_bench", 5, 25,  # estimated: 21,000 events/s a planner, 20,000 events
+    Bench("ingest_chat", "bench.ingest_bench", 1.6, 25,  # measured: 93 s
           "--events 300000 --runs 3 --shape mooncake --planners 1,2",
           "Planner ingestion of chat-shaped traffic (the conversation trace's chains): rates, CPU, bytes"),
-    Bench("emitter", "bench.emitter_bench", 2.7, 15,  # measured
+    Bench("emitter", "bench.emitter_bench", 1.2, 15,  # measured: 70 s
           "--runs 5 --events 1000000 --calls 200000",
           "The event emitter vs raw aiokafka send_batch"),
-    Bench("warm", "bench.warm_bench", 8, 25,  # estimated: 3.3 min at 1 run of 8 items, 5 starts
+    Bench("warm", "bench.warm_bench", 1.3, 25,  # measured: 79 s
           "--runs 3 --items 48 --item-tokens 1024 --starts 100 --replicas 100",
           "Warm speed vs peak prefill; replica start to plan latency"),
-    Bench("gateway", "bench.gateway_bench", 4, 20,  # estimated: 2 min at 20 requests, 2 s
+    Bench("gateway", "bench.gateway_bench", 1.1, 20,  # measured: 65 s
           f"--requests 300 --concurrency 8 --seconds 8 --router {ROUTER}",
           "Gateway added latency vs the engine and vllm-router"),
-    Bench("result_cache", "bench.result_cache_bench", 4, 20,  # estimated: 1 min at 10 requests
+    Bench("result_cache", "bench.result_cache_bench", 0.9, 20,  # measured: 55 s
           "--requests 200 --max-tokens 16",
           "Result-cache hits vs the engine"),
-    Bench("plan_latency", "bench.plan_latency_bench", 2, 10,  # measured: 50 s at 30 starts, 200,000 events
+    Bench("plan_latency", "bench.plan_latency_bench", 0.8, 10,  # measured: 46 s
           "--starts 30 --capacity-events 200000 --load-seconds 30 --burst 1000",
           "A replica's start to its plan at the warmer, idle and at half ingestion capacity"),
-    Bench("result_layers", "bench.result_layers_bench", 10, 30,  # estimated: 1.5 min at 5,000 entries
+    Bench("result_layers", "bench.result_layers_bench", 2.5, 30,  # measured: 148 s
           "--entries 100000 --lookups 2000 --runs 3",
           "The result cache's layers at 100,000 entries; the calibrated threshold; a paraphrase workload"),
-    Bench("embedding", "bench.embedding_bench", 2.5, 10,  # measured: 58 s without the endpoint
+    Bench("embedding", "bench.embedding_bench", 1.9, 10,  # measured: 117 s
           "--queries 400 --concurrency 1 16 --runs 3",  # with vLLM serving the model: 2.5 min
           "The learned embedding: worker process vs thread vs vLLM's endpoint"),
-    Bench("epoch", "bench.epoch_bench", 0.5, 10,  # measured
+    Bench("epoch", "bench.epoch_bench", 0.5, 10,  # measured: 27 s
           "--bumps 20 --warmers 4 --gateways 4 --conversations 32",
           "Epoch propagation to every warmer and gateway"),
-    Bench("broker_poll", "bench.broker_poll_bench", 4, 15,  # measured: 232 s
+    Bench("broker_poll", "bench.broker_poll_bench", 3.9, 15,  # measured: 232 s
           "--runs 3 --waits 100 250 500 --warmers 2",
           "The control plane's consumers at rest: broker CPU and a hop's time, by fetch wait"),
-    Bench("plan_scale", "bench.plan_scale_bench", 0.2, 10,  # measured
+    Bench("plan_scale", "bench.plan_scale_bench", 0.1, 10,  # measured: 7 s
           "--replicas 10 100 1000 --leaves 30000 --runs 3",
           "A fleet re-plan: one pass vs one call per replica"),
-    Bench("route_scale", "bench.route_scale_bench", 0.1, 5,  # measured
+    Bench("route_scale", "bench.route_scale_bench", 0.1, 5,  # measured: 2 s
           "--replicas 4 100 1000 --requests 20000 --runs 3",
           "Gateway routing and ring builds, 4 to 1,000 replicas"),
-    Bench("stats_index", "bench.stats_index_bench", 0.5, 10,  # measured
+    Bench("stats_index", "bench.stats_index_bench", 0.3, 10,  # measured: 21 s
           "--batches 400 --runs 2",
           "The statistics' BRIN index vs none"),
-    Bench("paths_index", "bench.paths_index_bench", 4, 20,  # estimated: 7 s at 20,000 rows, 40 batches
+    Bench("paths_index", "bench.paths_index_bench", 1.9, 20,  # measured: 114 s
           "--prefill 300000 --batches 300 --runs 2",
           "The chain paths' sweep indexes vs none"),
-    Bench("statistics_read", "bench.statistics_read_bench", 5, 20,  # estimated: 33 s for days 1 and 8, 1 run
+    Bench("statistics_read", "bench.statistics_read_bench", 3, 20,  # measured: 180 s
           "--days 1 8 31 --turns-a-day 20000 --runs 3",
           "A plan's statistics read as chat history accumulates"),
-    Bench("evaluate_policy", "bench.evaluate_policy", 0.1, 5,  # measured
+    Bench("evaluate_policy", "bench.evaluate_policy", 0.1, 5,  # measured: 5 s
           "",
           "Warm-set policies on the shipped traces"),
-    Bench("store_eval", "bench.store_eval", 0.5, 5,  # measured: 25 s
+    Bench("store_eval", "bench.store_eval", 0.5, 5,  # measured: 28 s
           "",
           "Chat-scale stores (bounded, sighting-filtered) against today's, on the shipped traces"),
-    Bench("soak", "bench.soak", 12.5, 30,  # measured: 745 s
+    Bench("soak", "bench.soak", 11, 30,  # measured: 646 s
           "--minutes 10 --warmup-minutes 2 --event-rate 1000 --chat-rate 2 --bump-every-s 30",
           "The control plane under steady load: memory, descriptors and tasks against the warm-up's end"),
-    Bench("scaleup", "bench.scaleup", 95, 150,  # measured: 7.5 min a run and arm, 12 of them, a calibration
+    Bench("scaleup", "bench.scaleup", 95, 150,  # measured: 5729 s
           "--runs 3",
           "Scale-up: a new replica's first minute, Warmplane vs cold vs vllm-router"),
 )  # fmt: skip
