@@ -6,7 +6,9 @@ and to F, the newcomer's first request (the first one its answer names it for):
 - fleet, first minute: every request sent in [J, J + 60 s); minutes 1 to 5: [J + 60 s, J + 300 s);
 - newcomer's share: of the requests sent in [F, F + 60 s), the part it served;
 - established replicas while the newcomer warms: their requests sent in [J, F), against [J − 60 s, J);
-- steady state: the newcomer's requests in the run's last minute.
+- steady state: the newcomer's requests in the run's last minute (their p50 TTFT, and the share of their
+  prompt tokens found cached: a router that follows where a conversation's blocks live keeps it high, a
+  ring that moved the conversation at the join does not).
 A request that got no first chunk counts in `errors`, never in a percentile.
 """
 
@@ -84,10 +86,8 @@ def run_figures(record: RunRecord) -> RunFigures:
         v[f"fleet_p{q}"] = percentile(fleet_minute, q)
         v[f"fleet_late_p{q}"] = percentile(fleet_late, q)
     in_minute = [s for s in samples if first <= s.sent < first + MINUTE_S]
-    its_minute = [s for s in in_minute if s.replica == newcomer and s.status == 200]
-    prompt = sum(s.prompt_tokens for s in its_minute)
     # What a warm can change: the share of the newcomer's first-minute prompt tokens it found cached.
-    v["newcomer_cached"] = sum(s.cached_tokens for s in its_minute) / prompt if prompt else math.nan
+    v["newcomer_cached"] = _cached_share(in_minute, newcomer)
     v["newcomer_share"] = (
         sum(s.replica == newcomer for s in in_minute) / len(in_minute) if in_minute else math.nan
     )
@@ -99,10 +99,18 @@ def run_figures(record: RunRecord) -> RunFigures:
     v["steady_p50"] = percentile(
         window(record.end - MINUTE_S, record.end + 1, lambda s: s.replica == newcomer), 50
     )
+    v["steady_cached"] = _cached_share([s for s in samples if s.sent >= record.end - MINUTE_S], newcomer)
     v["warm_tokens"] = math.nan if record.warm_tokens is None else float(record.warm_tokens)
     v["requests"] = float(len(samples))
     v["errors"] = float(sum(s.ttft is None for s in samples))
     return out
+
+
+def _cached_share(samples: Sequence[Sample], replica: str) -> float:
+    """Of the prompt tokens `replica` answered in `samples`, the share it found cached; NaN for none."""
+    answered = [s for s in samples if s.replica == replica and s.status == 200]
+    prompt = sum(s.prompt_tokens for s in answered)
+    return sum(s.cached_tokens for s in answered) / prompt if prompt else math.nan
 
 
 def medians(figures: Sequence[RunFigures]) -> dict[str, dict[str, float]]:

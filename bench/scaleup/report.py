@@ -28,6 +28,10 @@ def _ms(value: float) -> str:
     return "–" if math.isnan(value) else f"{value * 1000:,.0f}"
 
 
+def _share(value: float) -> str:
+    return "–" if math.isnan(value) else f"{value:.0%}"
+
+
 def _triple(values: Mapping[str, float], prefix: str) -> str:
     return " / ".join(_ms(values[f"{prefix}_p{q}"]) for q in (50, 90, 99))
 
@@ -38,20 +42,21 @@ def table(by_arm: Mapping[str, Mapping[str, float]], runs: Mapping[str, int]) ->
         "| join → its first request "
         "| warm prefill tokens | fleet, first minute: p50 / p90 / p99 ms "
         "| fleet, minutes 1–5: p50 / p90 / p99 ms | established p99 ms: before → while it warms "
-        "| newcomer steady p50 ms | requests (errors) |\n"
+        "| newcomer steady: p50 ms, tokens cached | requests (errors) |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     rows = []
     for arm, v in by_arm.items():
-        share = "–" if math.isnan(v["newcomer_share"]) else f"{v['newcomer_share']:.0%}"
-        cached = "–" if math.isnan(v.get("newcomer_cached", math.nan)) else f"{v['newcomer_cached']:.0%}"
+        share = _share(v["newcomer_share"])
+        cached = _share(v.get("newcomer_cached", math.nan))
         first = "–" if math.isnan(v["first_request_s"]) else f"{v['first_request_s']:.1f} s"
         tokens = "–" if math.isnan(v["warm_tokens"]) else f"{v['warm_tokens']:,.0f}"
         rows.append(
             f"| {arm} | {runs[arm]} | {_triple(v, 'newcomer')} | {share} | {cached} | {first} | {tokens} | "
             f"{_triple(v, 'fleet')} | {_triple(v, 'fleet_late')} | "
             f"{_ms(v['established_before_p99'])} → {_ms(v['established_during_p99'])} | "
-            f"{_ms(v['steady_p50'])} | {v['requests']:.0f} ({v['errors']:.0f}) |"
+            f"{_ms(v['steady_p50'])}, {_share(v.get('steady_cached', math.nan))} | "
+            f"{v['requests']:.0f} ({v['errors']:.0f}) |"
         )
     return head + "\n".join(rows) + "\n"
 

@@ -112,6 +112,8 @@ def test_the_first_minute_is_counted_from_the_newcomers_first_request() -> None:
     assert v["established_during_p99"] == 0.9
     assert v["errors"] == 1 and v["requests"] == 8
     assert v["warm_tokens"] == 1234
+    # Its last minute, [join + 30, join + 90]: the request at join + 30 is the only one with prompt tokens.
+    assert v["steady_p50"] == 3.0 and v["steady_cached"] == pytest.approx(1900 / 3000)
 
 
 def test_a_newcomer_that_never_served_has_no_first_minute() -> None:
