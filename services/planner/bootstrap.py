@@ -66,6 +66,11 @@ class PlannerParts:
     store: PgIngestStore
 
 
+URGENT = frozenset({StartsToPlan, RewarmToPlan, BumpToPlan, DeployToApply, ReadyToReplan})
+"""Triggers someone waits on (a replica for its plan before it turns ready, a tenant for its new epoch's
+plans): ingestion yields to them (`planning.py`). Heartbeats, outcomes and request counts do not."""
+
+
 def planning_handlers(reactor: FleetReactor) -> dict[type, Handler]:
     """The handler of each trigger type: the planner's one dispatch table."""
     return {
@@ -121,7 +126,11 @@ def bootstrap(
         liveness=liveness,
     )
     planning = Planning(
-        planning_handlers(reactor), depth=settings.plans.planning_queue_depth, metrics=metrics
+        planning_handlers(reactor),
+        depth=settings.plans.planning_queue_depth,
+        metrics=metrics,
+        urgent=URGENT,
+        yield_s=settings.plans.ingest_yield_s,
     )
 
     async def after_commit(batch: IngestBatch) -> None:
@@ -143,5 +152,6 @@ def bootstrap(
         db_outage_s=ingest.db_outage_s,
         on_failure=on_failure,
         after_commit=after_commit,
+        before_batch=planning.yield_to_urgent,
     )
     return PlannerParts(pool, producer, metrics, ingestor, planning, reactor, issuer, liveness, store)

@@ -127,6 +127,7 @@ class Ingestor:
         db_outage_s: float = 0.0,
         on_failure: Callable[[], None] = lambda: None,
         after_commit: Callable[[IngestBatch], Awaitable[None]] | None = None,
+        before_batch: Callable[[], Awaitable[object]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._codec = codec
@@ -151,6 +152,9 @@ class Ingestor:
         self._after_commit = after_commit
         """Called with each batch holding records or requests once it committed, before the next batch is
         written: it hands the batch's triggers to the planning task (`planning.py`) and does not plan."""
+        self._before_batch = before_batch
+        """Awaited before a batch is decoded and before one is written: the planning task's
+        `yield_to_urgent`, so a plan a replica waits for is not slowed down by ingestion."""
         self._clock = clock
         """Seconds, monotonic: how old the node cache's contents are."""
 
@@ -189,6 +193,8 @@ class Ingestor:
         """
         if self._failure is not None:
             raise RuntimeError("the planner's writer has stopped") from self._failure
+        if self._before_batch is not None:
+            await self._before_batch()
         # A fetch arrives grouped by partition: look up a partition's state once per run of records.
         runs = [(partition, list(run)) for partition, run in groupby(records, key=_partition_of)]
         await self._await_restored({partition for partition, _ in runs})
@@ -342,6 +348,8 @@ class Ingestor:
             try:
                 if work is None:
                     return
+                if self._before_batch is not None:
+                    await self._before_batch()
                 await self._process(work)
             except BaseException as exc:
                 self._failure = exc

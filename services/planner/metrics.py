@@ -100,6 +100,11 @@ class PlannerMetrics:
             "Triggers waiting for the planning task (at most one a key: they coalesce)",
             registry=registry,
         )
+        self.ingest_yielded_seconds = Counter(
+            "warmplane_planner_ingest_yielded_seconds",
+            "Time ingestion paused before a batch while a plan someone waits for was made (planning.py)",
+            registry=registry,
+        )
         self.planning_seconds = Histogram(
             "warmplane_planner_planning_seconds",
             "Time the planning task took over one trigger, by trigger type",

@@ -131,6 +131,11 @@ class PlanSettings(BaseModel):
     """Triggers (`core/triggers.py`) waiting for the planning task at most. They coalesce, one a key (model,
     tenant and model, replica, deploy), so this bounds distinct keys, not traffic; when it is reached the
     ingest writer waits for room (`planning.py`)."""
+    ingest_yield_s: Annotated[float, Field(ge=0, le=10)] = 0.5
+    """Before each batch, ingestion pauses while a plan a replica or a tenant waits for is made (a start, a
+    re-warm, a bump, a deploy, a re-plan of ready replicas), for at most this long, then runs at least as long
+    as it paused (`planning.py`). Under load a start's plan otherwise shares the event loop, the CPU and
+    Postgres with ingestion. 0 never pauses."""
     planning_drain_s: Annotated[float, Field(ge=0, le=120)] = 10.0
     """At shutdown, how long the planning task may go on handling what waits once ingestion has drained;
     what is left then is the catch-up's (starts) or lost (re-plans of running replicas)."""

@@ -4,7 +4,7 @@ every partition and a dead-letter sink that takes everything (its store's twin i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -68,6 +68,7 @@ def started_ingestor(
     queue_depth: int = 2,
     db_outage_s: float = 0.0,
     on_failure: Callable[[], None] = lambda: None,
+    before_batch: Callable[[], Awaitable[object]] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> Ingestor:
     """An `Ingestor` over `store`, its writer started, with what the rest of the tests leave alone."""
@@ -82,6 +83,7 @@ def started_ingestor(
         queue_depth=queue_depth,
         db_outage_s=db_outage_s,
         on_failure=on_failure,
+        before_batch=before_batch,
         clock=clock,
     )
     ingestor.start()

@@ -25,7 +25,7 @@ from warmplane.services.planner.core.triggers import (
 )
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.plan_choice import LiveReplica
-from warmplane.services.planner.planning import Planning
+from warmplane.services.planner.planning import Handler, Planning
 from warmplane.services.planner.plans import PlanIssuer
 from warmplane.services.planner.settings import PlanSettings
 from warmplane.shared.event_ids import new_event_id
@@ -89,9 +89,11 @@ class Recorder:
         self.seen.append(alarm)
 
 
-def planning(recorder: Recorder, depth: int = 8) -> tuple[Planning, PlannerMetrics]:
+def planning(recorder: Recorder, depth: int = 8, yield_s: float = 0.0) -> tuple[Planning, PlannerMetrics]:
+    """Planning over `recorder`'s handlers; notes are urgent (ingestion yields to them), alarms are not."""
     metrics = PlannerMetrics(CollectorRegistry())
-    return Planning({Note: recorder.note, Alarm: recorder.alarm}, depth=depth, metrics=metrics), metrics
+    handlers: dict[type, Handler] = {Note: recorder.note, Alarm: recorder.alarm}
+    return Planning(handlers, depth=depth, metrics=metrics, urgent={Note}, yield_s=yield_s), metrics
 
 
 async def test_each_trigger_goes_to_its_type_s_handler_in_order_and_waiting_ones_of_a_key_merge() -> None:
@@ -169,6 +171,43 @@ async def test_drain_handles_what_waits_then_stops_and_a_stuck_handler_is_cancel
     started = time.monotonic()
     await asyncio.wait_for(queue.drain(0.2), 5)
     assert time.monotonic() - started < 2 and stuck.seen == []
+
+
+async def test_ingestion_yields_while_an_urgent_trigger_waits_or_is_handled_never_for_the_others() -> None:
+    recorder = Recorder()
+    recorder.gate.clear()
+    queue, metrics = planning(recorder, yield_s=30)
+    await queue.put([Alarm("fine")])
+    assert await asyncio.wait_for(queue.yield_to_urgent(), 5) == 0.0  # an alarm waits: nobody waits on it
+    await queue.put([Note("m1", ("a",)), Note("m1", ("b",))])  # merged: one urgent trigger
+    queue.start()
+    await asyncio.wait_for(recorder.entered.wait(), 5)
+    paused = asyncio.create_task(queue.yield_to_urgent())
+    await asyncio.sleep(0.05)
+    assert not paused.done()  # the note is being handled: ingestion waits
+    recorder.gate.set()
+    assert 0 < await asyncio.wait_for(paused, 5) < 30
+    assert metrics.ingest_yielded_seconds._value.get() > 0
+    await queue.drain(5)
+    assert recorder.seen == [Alarm("fine"), Note("m1", ("a", "b"))]
+    assert await queue.yield_to_urgent() == 0.0  # handled: nothing urgent is left
+
+
+async def test_a_pause_lasts_at_most_yield_s_and_ingestion_then_runs_as_long_before_it_yields_again() -> None:
+    recorder = Recorder()
+    recorder.gate.clear()
+    queue, _ = planning(recorder, yield_s=0.05)
+    queue.start()
+    await queue.put([Note("m1", ("a",))])
+    await asyncio.wait_for(recorder.entered.wait(), 5)
+    assert 0.04 < await asyncio.wait_for(queue.yield_to_urgent(), 5) < 5
+    assert await queue.yield_to_urgent() == 0.0  # still urgent, but ingestion has its turn first
+    recorder.gate.set()
+    await queue.drain(5)
+
+    never, _ = planning(Recorder(), yield_s=0.0)
+    await never.put([Note("m1", ("a",))])
+    assert await never.yield_to_urgent() == 0.0  # 0: ingestion never yields
 
 
 def started(replica: str, model: str = "m") -> ReplicaStarted:
