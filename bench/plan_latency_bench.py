@@ -10,15 +10,18 @@ deployed). Its ingestion capacity is measured first: `--capacity-events` request
 (`bench.ingest_bench`, without its replica starts) published at once, counted from the first committed batch
 to the last (the group's stored offsets). Then `--starts` replicas of the traffic's model are announced one
 after another, each once the previous one's plan arrived (and then stopped, so the fleet stays one replica
-large), twice: idle, then while this process publishes requests of that shape, encoded ahead and paced, at
-half that capacity; between the two, `--burst` replicas are announced at once (a fleet scaling out by that
-many), each timed from the burst's sending, and then stopped. "At the warmer" is a consumer of the plans
-topic, as a warmer's is (no engine: a plan's path ends where its warmer receives it); a start's latency runs
-from sending its `replica.started` to its plan's arrival. Where each phase's time went is read from the
-planner's own histograms (its metrics endpoint, scraped around the phase): its batch writes, and its
-planning task by trigger type. Every consumer fetches with a 20 ms wait: the embedded broker answers a fetch
-when its wait ends, where Kafka answers when a record arrives. The bench shares the machine with the
-planner, the broker and Postgres: its figures are of one run.
+large), idle, then while this process publishes requests of that shape, encoded ahead and paced, at half that
+capacity; between the two, `--burst` replicas are announced at once (a fleet scaling out by that many), each
+timed from the burst's sending, and then stopped. The loaded phase runs twice, side by side: first with a
+planner whose ingestion never yields to planning (`WARMPLANE_PLANS__INGEST_YIELD_S=0`), then, after a
+restart, with the planner's default (ingestion pauses while a plan someone waits for is made), so the later
+phase, over the larger tables, is the default's. "At the warmer" is a consumer of the plans topic, as a
+warmer's is (no engine: a plan's path ends where its warmer receives it); a start's latency runs from
+sending its `replica.started` to its plan's arrival. Where each phase's time went is read from the
+planner's own metrics (its endpoint, scraped around the phase): its batch writes, its planning task by
+trigger type, the time its ingestion paused and the events it counted. Every consumer fetches with a 20 ms
+wait: the embedded broker answers a fetch when its wait ends, where Kafka answers when a record arrives.
+The bench shares the machine with the planner, the broker and Postgres: its figures are of one run.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from pydantic import SecretStr
 from bench.ingest_bench import MODELS, fleet_events, publish
 from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from bench.warm_bench import percentile
-from warmplane.services.planner.settings import IngestSettings, PlannerSettings
+from warmplane.services.planner.settings import IngestSettings, PlannerSettings, PlanSettings
 from warmplane.shared import migrate
 from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka, EmbeddedPostgres
@@ -246,11 +249,21 @@ class Spent:
     """(count, seconds) of each kind of the planner's work between two scrapes."""
 
     work: dict[str, tuple[int, float]]
+    events: int
+    """Events the planner counted."""
+    yielded_s: float
+    """Seconds its ingestion paused for planning."""
 
     @classmethod
     def between(cls, before: dict[Any, float], after: dict[Any, float]) -> Spent:
         work: dict[str, tuple[int, float]] = {}
+        events, yielded = 0.0, 0.0
         for (name, labels), value in after.items():
+            gained = value - before.get((name, labels), 0.0)
+            if name == "warmplane_planner_events_total":
+                events += gained
+            elif name == "warmplane_planner_ingest_yielded_seconds_total":
+                yielded += gained
             if name == "warmplane_planner_batch_write_seconds_count":
                 what = "batch write"
             elif name == "warmplane_planner_planning_seconds_count":
@@ -260,7 +273,7 @@ class Spent:
             total = name.removesuffix("_count") + "_sum"
             count = int(value - before.get((name, labels), 0))
             work[what] = (count, after[(total, labels)] - before.get((total, labels), 0.0))
-        return cls(work)
+        return cls(work, round(events), yielded)
 
 
 @contextlib.asynccontextmanager
@@ -278,6 +291,51 @@ async def planner_process(settings: PlannerSettings, log: Path) -> AsyncIterator
         await asyncio.wait_for(child.wait(), 60)
 
 
+async def loaded_phase(
+    kafka: KafkaSettings,
+    warmer: PlansAtTheWarmer,
+    producer: AIOKafkaProducer,
+    metrics: str,
+    *,
+    rate: float,
+    args: argparse.Namespace,
+    phase: str,
+) -> Loaded:
+    """Starts announced one after another while requests are paced at `rate` events/s."""
+    pool = encoded_load(kafka, int(rate * args.load_seconds))
+    load = asyncio.create_task(paced_load(kafka, producer, pool, rate))
+    began = time.perf_counter()
+    try:
+        await asyncio.sleep(2)  # the load under way
+        before, scraped = await scrape(metrics), time.perf_counter()
+        latencies = await start_latencies(
+            kafka, warmer, producer, args.starts, phase, going_on=lambda: not load.done()
+        )
+        spent = Spent.between(before, await scrape(metrics))
+        seconds = time.perf_counter() - scraped
+    finally:
+        load.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await load
+    achieved = _SENT[0] / (time.perf_counter() - began)
+    if len(latencies) < max(5, args.starts // 3):
+        raise RuntimeError(
+            f"{phase}: only {len(latencies)} starts before the load ended: raise --load-seconds"
+        )
+    return Loaded(latencies, achieved, spent, seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A loaded phase: its starts' latencies, the load's achieved rate, the planner's work over the phase
+    and the phase's seconds."""
+
+    latencies: list[float]
+    achieved: float
+    spent: Spent
+    seconds: float
+
+
 async def bench(args: argparse.Namespace, workdir: Path, recorder: SummaryRecorder) -> None:
     with EmbeddedKafka(workdir / "kafka") as broker, EmbeddedPostgres(workdir / "postgres") as postgres:
         await asyncio.to_thread(migrate.upgrade, postgres.sqlalchemy_url)
@@ -292,45 +350,42 @@ async def bench(args: argparse.Namespace, workdir: Path, recorder: SummaryRecord
             ingest=IngestSettings(group_id=group),
             metrics_port=free_port(),
         )
+        never = settings.model_copy(update={"plans": PlanSettings(ingest_yield_s=0)})
         metrics = f"http://127.0.0.1:{settings.metrics_port}/metrics"
         await ensure_topics(kafka, Topics(kafka.topic_prefix).all())
         db = await asyncpg.connect(postgres.asyncpg_dsn)
         producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=2)
         await producer.start()
         warmer = PlansAtTheWarmer(kafka)
+        loaded: dict[str, Loaded] = {}
         try:
-            async with planner_process(settings, workdir / "planner.log"), warmer.reading():
-                rate = await capacity(kafka, db, group, args.capacity_events)
-                print(f"ingestion capacity: {rate:,.0f} events/s")
-                before = await scrape(metrics)
-                idle = await start_latencies(kafka, warmer, producer, args.starts, "idle")
-                spent = {"idle": Spent.between(before, await scrape(metrics))}
-                before = await scrape(metrics)
-                burst = await burst_latencies(kafka, warmer, producer, db, args.burst)
-                spent["burst"] = Spent.between(before, await scrape(metrics))
-                pool = encoded_load(kafka, int(rate / 2 * args.load_seconds))
-                load = asyncio.create_task(paced_load(kafka, producer, pool, rate / 2))
-                began = time.perf_counter()
-                try:
-                    await asyncio.sleep(2)  # the load under way
+            async with warmer.reading():
+                async with planner_process(never, workdir / "planner.log"):
+                    rate = await capacity(kafka, db, group, args.capacity_events)
+                    print(f"ingestion capacity: {rate:,.0f} events/s")
                     before = await scrape(metrics)
-                    loaded = await start_latencies(
-                        kafka, warmer, producer, args.starts, "loaded", going_on=lambda: not load.done()
+                    idle = await start_latencies(kafka, warmer, producer, args.starts, "idle")
+                    spent = {"idle": Spent.between(before, await scrape(metrics))}
+                    before = await scrape(metrics)
+                    burst = await burst_latencies(kafka, warmer, producer, db, args.burst)
+                    spent["burst"] = Spent.between(before, await scrape(metrics))
+                    loaded[NEVER] = await loaded_phase(
+                        kafka, warmer, producer, metrics, rate=rate / 2, args=args, phase="never"
                     )
-                    spent["loaded"] = Spent.between(before, await scrape(metrics))
-                finally:
-                    load.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await load
-                achieved = _SENT[0] / (time.perf_counter() - began)
-                if len(loaded) < max(5, args.starts // 3):
-                    raise RuntimeError(
-                        f"only {len(loaded)} starts before the load ended: raise --load-seconds"
+                async with planner_process(settings, workdir / "planner.log"):
+                    await start_latencies(kafka, warmer, producer, 1, "restarted")  # the group has joined
+                    loaded[YIELDS] = await loaded_phase(
+                        kafka, warmer, producer, metrics, rate=rate / 2, args=args, phase="yields"
                     )
         finally:
             await producer.stop()
             await db.close()
-    _report(recorder, args, rate=rate, achieved=achieved, idle=idle, loaded=loaded, burst=burst, spent=spent)
+    spent.update({name: phase.spent for name, phase in loaded.items()})
+    _report(recorder, args, rate=rate, idle=idle, loaded=loaded, burst=burst, spent=spent)
+
+
+NEVER = "loaded, ingestion never yields"
+YIELDS = "loaded, ingestion yields (default)"
 
 
 def _report(
@@ -338,20 +393,27 @@ def _report(
     args: argparse.Namespace,
     *,
     rate: float,
-    achieved: float,
     idle: Sequence[float],
-    loaded: Sequence[float],
+    loaded: dict[str, Loaded],
     burst: Sequence[float],
     spent: dict[str, Spent],
 ) -> None:
     rows = []
-    for name, seconds in (("idle", idle), (f"ingestion at half capacity ({achieved:,.0f} events/s)", loaded)):
+    p99s: dict[str, float] = {}
+    phases = [("idle", idle, None), *((name, phase.latencies, phase) for name, phase in loaded.items())]
+    for name, seconds, phase in phases:
         ms = [1000 * s for s in seconds]
         p50, p99 = percentile(ms, 0.5), percentile(ms, 0.99)
-        rows.append([name, len(ms), f"{p50:.0f}", f"{p99:.0f}", f"{max(ms):.0f}"])
-        print(f"replica.started -> plan at the warmer, {name}: p50 {p50:.0f} ms, p99 {p99:.0f} ms")
-        recorder.figure(f"replica.started -> plan at the warmer, {name.split(' (')[0]}, p50", p50, "ms")
-        recorder.figure(f"replica.started -> plan at the warmer, {name.split(' (')[0]}, p99", p99, "ms")
+        p99s[name] = p99
+        said = name if phase is None else f"{name} ({phase.achieved:,.0f} events/s sent)"
+        rows.append([said, len(ms), f"{p50:.0f}", f"{p99:.0f}", f"{max(ms):.0f}"])
+        print(f"replica.started -> plan at the warmer, {said}: p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+        recorder.figure(f"replica.started -> plan at the warmer, {name}, p50", p50, "ms")
+        figure = f"replica.started -> plan at the warmer, {name}, p99"
+        if name == YIELDS:
+            recorder.figure(figure, p99, "ms", baseline=(f"{NEVER}, p99", p99s[NEVER]))
+        else:
+            recorder.figure(figure, p99, "ms")
     ms = [1000 * s for s in burst]
     p50, p99 = percentile(ms, 0.5), percentile(ms, 0.99)
     rows.append(
@@ -378,14 +440,30 @@ def _report(
             if count
         ],
     )
+    recorder.table(
+        "Ingestion in each loaded phase: what the planner counted, against what was sent, and how long it"
+        " paused for planning.",
+        ["phase", "seconds", "events counted a second", "events sent a second", "ingestion paused s"],
+        [
+            [
+                name,
+                f"{phase.seconds:.1f}",
+                f"{phase.spent.events / phase.seconds:,.0f}",
+                f"{phase.achieved:,.0f}",
+                f"{phase.spent.yielded_s:.2f}",
+            ]
+            for name, phase in loaded.items()
+        ],
+    )
     for phase, by_work in spent.items():
         said = [f"{w} {n} x {1000 * t / n:.1f} ms" for w, (n, t) in by_work.work.items() if n]
-        print(f"{phase}: {', '.join(said)}")
+        print(f"{phase}: {', '.join(said)}; ingestion paused {by_work.yielded_s:.2f} s")
+    counts = ", ".join(f"{name}: {len(phase.latencies)}" for name, phase in loaded.items())
     recorder.note(
         f"Target: p99 <= 200 ms at half capacity. One run, {args.starts} starts a phase (under load, those"
-        f" sent before the load's {args.load_seconds:g} s ran out: {len(loaded)}); the load is paced at"
-        f" half the capacity measured first ({rate:,.0f} events/s), {achieved:,.0f} events/s achieved."
-        f" Target for {len(burst):,} replicas announced at once: every plan within 2 s p99."
+        f" sent before the load's {args.load_seconds:g} s ran out: {counts}); the load is paced at half the"
+        f" capacity measured first ({rate:,.0f} events/s). Target for {len(burst):,} replicas announced at"
+        " once: every plan within 2 s p99."
     )
 
 
