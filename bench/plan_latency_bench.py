@@ -268,6 +268,10 @@ class Spent:
                 what = "batch write"
             elif name == "warmplane_planner_planning_seconds_count":
                 what = f"planning: {dict(labels)['trigger']}"
+            elif name == "warmplane_planner_planning_queued_seconds_count":
+                what = f"queued for planning: {dict(labels)['trigger']}"
+            elif name == "warmplane_planner_start_ingested_seconds_count":
+                what = "a start, sent to its batch committed"
             else:
                 continue
             total = name.removesuffix("_count") + "_sum"
@@ -431,7 +435,9 @@ def _report(
     )
     recorder.table(
         "Where a phase's time went, from the planner's own histograms over the phase (count, mean and sum of"
-        " seconds): its batch writes, and its planning task by trigger type.",
+        " seconds): its batch writes; a start's way from its sending to the commit of the batch that counted"
+        " it; the planning task's queue and its work, by trigger type. The rest of a start's latency is the"
+        " plan's publication and the warmer's fetch.",
         ["phase", "work", "count", "mean ms", "total s"],
         [
             [phase, work, f"{count:,}", f"{1000 * total / count:.1f}", f"{total:.2f}"]

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
@@ -135,7 +136,15 @@ def bootstrap(
 
     async def after_commit(batch: IngestBatch) -> None:
         # The batch committed: what it triggers is planned from counts that include it (`planning.py`).
-        await planning.put(triggers_of(batch, time.monotonic(), bucket_seconds=reactor.request_buckets_s))
+        triggers = triggers_of(batch, time.monotonic(), bucket_seconds=reactor.request_buckets_s)
+        committed = datetime.now(UTC)
+        for trigger in triggers:
+            if isinstance(trigger, StartsToPlan):
+                for start in trigger.starts:
+                    metrics.start_ingested_seconds.observe(
+                        max(0.0, (committed - start.occurred_at).total_seconds())
+                    )
+        await planning.put(triggers)
 
     store = PgIngestStore(pool, ingest.group_id, bucket_seconds)
     letters = KafkaDeadLetterSink(producer, topics.dead_letter, ingest.group_id, kafka.commit_timeout_s)

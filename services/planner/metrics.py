@@ -105,6 +105,20 @@ class PlannerMetrics:
             "Time ingestion paused before a batch while a plan someone waits for was made (planning.py)",
             registry=registry,
         )
+        self.planning_queued_seconds = Histogram(
+            "warmplane_planner_planning_queued_seconds",
+            "Time a trigger waited for the planning task, from its first put to its handling, by type",
+            ["trigger"],
+            buckets=(0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
+        )
+        self.start_ingested_seconds = Histogram(
+            "warmplane_planner_start_ingested_seconds",
+            "Time from a replica.started event (its occurred_at, the producer's clock) to the commit of the"
+            " batch that counted it",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
+        )
         self.planning_seconds = Histogram(
             "warmplane_planner_planning_seconds",
             "Time the planning task took over one trigger, by trigger type",

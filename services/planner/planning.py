@@ -83,6 +83,8 @@ class Planning:
         self._clock = clock
         self._waiting: dict[Hashable, Trigger] = {}
         """Insertion-ordered: the oldest key first."""
+        self._put_at: dict[Hashable, float] = {}
+        """When each waiting key was first put (its wait is observed when it is taken)."""
         self._urgent = 0
         """Urgent triggers waiting or being handled."""
         self._free_until = -float("inf")
@@ -108,8 +110,10 @@ class Planning:
             await self._changed.wait_for(lambda: key in self._waiting or len(self._waiting) < self._depth)
             waiting = self._waiting.get(key)
             self._waiting[key] = trigger if waiting is None else waiting.merged(trigger)
-            if waiting is None and type(trigger) in self._urgent_types:
-                self._urgent += 1
+            if waiting is None:
+                self._put_at[key] = self._clock()
+                if type(trigger) in self._urgent_types:
+                    self._urgent += 1
             self._metrics.planning_waiting.set(len(self._waiting))
             self._changed.notify_all()
 
@@ -162,7 +166,10 @@ class Planning:
     async def _take(self) -> Trigger:
         async with self._changed:
             await self._changed.wait_for(lambda: bool(self._waiting))
-            trigger = self._waiting.pop(next(iter(self._waiting)))
+            key = next(iter(self._waiting))
+            trigger = self._waiting.pop(key)
+            queued = self._clock() - self._put_at.pop(key)
+            self._metrics.planning_queued_seconds.labels(type(trigger).__name__).observe(queued)
             self._handling = True
             self._metrics.planning_waiting.set(len(self._waiting))
             self._changed.notify_all()
