@@ -158,6 +158,7 @@ def bootstrap(
         max_payload_bytes=ingest.catalog_max_payload_bytes,
         window_per_partition=ingest.dedup_window_per_partition,
         queue_depth=ingest.writer_queue_depth,
+        urgent_topics=(topics.lifecycle,),
         db_outage_s=ingest.db_outage_s,
         on_failure=on_failure,
         after_commit=after_commit,

@@ -4,6 +4,13 @@ Decoding and de-duplication run in the consumer's handler; the database write ru
 task, so the next batch decodes while Postgres applies the previous one. The queue between them is
 bounded: a slow database slows the consumer, never grows memory.
 
+Two lanes: the records of `urgent_topics` (the lifecycle topic: a replica that started waits for its
+plan) are decoded first and queued in a lane of their own, which the writer takes before the other. A
+fetch brings up to `batch_max_records` requests beside a start; in one batch, the start waited for all of
+them to decode and commit (about a quarter of a second under load, `bench.plan_latency_bench`). The lanes
+hold different partitions, so taking one before the other reorders nothing within a partition, and each
+batch still commits its own partitions' offsets with its counts.
+
 Exactly-once effects: a batch's counts commit in Postgres together with its partitions' next offsets;
 on assignment the consumer seeks to those offsets (`restore`), so a crash replays nothing that was
 counted. Duplicates at other offsets (a producer's retry) are recognised by a window of recent event
@@ -20,12 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 import uuid
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import attrgetter
@@ -62,6 +70,8 @@ _UNREACHABLE = (
 )
 """What a batch write raises while Postgres cannot be reached or is shutting down or starting up; any
 other error stops the writer at once."""
+_URGENT, _BULK, _STOP = 0, 1, 2
+"""The writer's lanes, taken in this order (module doc)."""
 _RETRY_FIRST_S = 0.2
 _RETRY_MAX_S = 5.0
 Partition = tuple[str, int]
@@ -124,6 +134,7 @@ class Ingestor:
         max_payload_bytes: int,
         window_per_partition: int,
         queue_depth: int = 2,
+        urgent_topics: Collection[str] = (),
         db_outage_s: float = 0.0,
         on_failure: Callable[[], None] = lambda: None,
         after_commit: Callable[[IngestBatch], Awaitable[None]] | None = None,
@@ -144,7 +155,14 @@ class Ingestor:
         self._submitted: Offsets = {}
         self._broker_commits = True
         """Per partition, the next offset after the last batch submitted to the writer."""
-        self._queue: asyncio.Queue[_Work | None] = asyncio.Queue(maxsize=queue_depth)
+        self._urgent_topics = frozenset(urgent_topics)
+        self._queue: asyncio.PriorityQueue[tuple[int, int, _Work | None]] = asyncio.PriorityQueue()
+        """(lane, sequence, work): the urgent lane's first, then the other's, each in order; the stop
+        marker last. Each lane holds `queue_depth` works at most (`_room`)."""
+        self._room = {lane: asyncio.Semaphore(queue_depth) for lane in (_URGENT, _BULK)}
+        self._sequence = itertools.count()
+        self._urgent_queued = 0
+        """Works in the urgent lane not yet taken."""
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._db_outage_s = db_outage_s
@@ -186,18 +204,38 @@ class Ingestor:
         return {partition: stored[partition][0] for partition in stored}
 
     async def submit(self, records: Sequence[RawRecord], consumer: ConsumerPort) -> None:
-        """Decode, de-duplicate and queue `records`; waits while the queue is full.
+        """Decode, de-duplicate and queue `records`, those of `urgent_topics` first and in their own lane;
+        waits while a lane is full.
 
         Raises the writer's error if the writer has died, so the consumer stops instead of
         consuming batches it cannot write.
         """
         if self._failure is not None:
             raise RuntimeError("the planner's writer has stopped") from self._failure
-        if self._before_batch is not None:
-            await self._before_batch()
         # A fetch arrives grouped by partition: look up a partition's state once per run of records.
         runs = [(partition, list(run)) for partition, run in groupby(records, key=_partition_of)]
         await self._await_restored({partition for partition, _ in runs})
+        urgent = [(partition, run) for partition, run in runs if partition[0] in self._urgent_topics]
+        if urgent:
+            await self._put(_URGENT, await self._decoded(urgent, consumer))
+            runs = [(partition, run) for partition, run in runs if partition[0] not in self._urgent_topics]
+            if not runs:
+                return
+        if self._before_batch is not None:
+            await self._before_batch()
+        await self._put(_BULK, await self._decoded(runs, consumer))
+
+    async def _put(self, lane: int, work: _Work) -> None:
+        await self._room[lane].acquire()
+        if lane == _URGENT:
+            self._urgent_queued += 1
+        self._queue.put_nowait((lane, next(self._sequence), work))
+
+    async def _decoded(
+        self, runs: Sequence[tuple[Partition, list[RawRecord]]], consumer: ConsumerPort
+    ) -> _Work:
+        """The work of `runs` (each a partition's records, offsets ascending): the events not counted
+        before, each partition's slice, the dead letters; the partitions' next offsets move past them."""
         work = _Work(consumer)
         for partition, run in runs:
             expected = self._submitted.get(partition)
@@ -224,7 +262,7 @@ class Ingestor:
                 self._admit(run[start : start + _CHUNK], window, counted, work)
         for partition, counted in work.slices.items():
             self._submitted[partition] = counted.last_offset + 1
-        await self._queue.put(work)
+        return work
 
     def _admit(
         self, records: list[RawRecord], window: RecentIds, counted: PartitionSlice, work: _Work
@@ -325,7 +363,7 @@ class Ingestor:
         if self._task is None:
             return
         self._broker_commits = False
-        await self._unless_writer_stops(self._queue.put(None))
+        await self._unless_writer_stops(self._queue.put((_STOP, next(self._sequence), None)))
         task, self._task = self._task, None
         await asyncio.gather(task, return_exceptions=True)  # a writer that failed has logged why
 
@@ -344,12 +382,18 @@ class Ingestor:
 
     async def _run(self) -> None:
         while True:
-            work = await self._queue.get()
+            lane, sequence, work = await self._queue.get()
             try:
                 if work is None:
                     return
-                if self._before_batch is not None:
+                if lane == _URGENT:
+                    self._urgent_queued -= 1
+                elif self._before_batch is not None:
                     await self._before_batch()
+                    if self._urgent_queued:  # came while it paused: it goes first, this keeps its place
+                        self._queue.put_nowait((lane, sequence, work))
+                        continue
+                self._room[lane].release()
                 await self._process(work)
             except BaseException as exc:
                 self._failure = exc

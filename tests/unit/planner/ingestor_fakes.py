@@ -69,6 +69,7 @@ def started_ingestor(
     db_outage_s: float = 0.0,
     on_failure: Callable[[], None] = lambda: None,
     before_batch: Callable[[], Awaitable[object]] | None = None,
+    urgent_topics: Sequence[str] = (),
     clock: Callable[[], float] = time.monotonic,
 ) -> Ingestor:
     """An `Ingestor` over `store`, its writer started, with what the rest of the tests leave alone."""
@@ -84,6 +85,7 @@ def started_ingestor(
         db_outage_s=db_outage_s,
         on_failure=on_failure,
         before_batch=before_batch,
+        urgent_topics=urgent_topics,
         clock=clock,
     )
     ingestor.start()

@@ -1,12 +1,18 @@
-"""The ingestor awaits its `before_batch` hook (the planning task's `yield_to_urgent`) before it decodes a
-fetched batch and before it writes one, so a pause there holds both the consumer and the writer back."""
+"""The ingestor's two lanes and its pauses: it awaits its `before_batch` hook (the planning task's
+`yield_to_urgent`) before it decodes a fetched batch and before it writes one, so a pause holds both the
+consumer and the writer back; records of its urgent topics (the lifecycle topic) are decoded first, without
+a pause, and written in a batch of their own before the batches waiting."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from collections.abc import Sequence
 
-from tests.unit.planner.ingestor_fakes import Consumer, request_record, started_ingestor
+from tests.unit.planner.ingestor_fakes import Consumer, Record, request_record, started_ingestor
 from tests.unit.planner.memory_ingest import MemoryIngest
+from warmplane.services.planner.core.ingest_batch import IngestBatch
+from warmplane.services.planner.pg_store import PartitionSlice
 
 
 class Gate:
@@ -39,4 +45,64 @@ async def test_a_closed_gate_holds_decoding_and_writing_and_opening_it_counts_ev
     await asyncio.wait_for(submitted, 5)
     await asyncio.wait_for(ingestor.flush(), 5)
     assert gate.calls == 4 and len(store.plans.counts) == 2
+    await ingestor.drain()
+
+
+class HeldStore(MemoryIngest):
+    """Writes in order, noting each batch's topics; the first write waits until `go` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.topics: list[set[str]] = []
+        self.writing = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def write(self, slices: Sequence[PartitionSlice], batch: IngestBatch) -> None:
+        self.writing.set()
+        await self.go.wait()
+        await super().write(slices, batch)
+        self.topics.append({s.topic for s in slices})
+
+
+def _lifecycle(offset: int) -> Record:
+    return dataclasses.replace(request_record(offset, [9]), topic="t.lifecycle")
+
+
+async def test_urgent_topics_records_are_written_in_their_own_batch_before_waiting_ones() -> None:
+    store = HeldStore()
+    ingestor = started_ingestor(store, urgent_topics=("t.lifecycle",))
+    await ingestor.submit([request_record(0, [1, 2])], Consumer())
+    await asyncio.wait_for(store.writing.wait(), 5)  # held: the writer is inside this batch
+    await ingestor.submit([request_record(1, [1, 2])], Consumer())
+    await ingestor.submit([request_record(2, [1, 3]), _lifecycle(0), request_record(3, [1, 4])], Consumer())
+    store.go.set()
+    await asyncio.wait_for(ingestor.flush(), 5)
+    # The lifecycle record went past the two request batches queued before it, in a batch of its own.
+    assert store.topics == [{"t.requests"}, {"t.lifecycle"}, {"t.requests"}, {"t.requests"}]
+    assert store.offsets == {("t.requests", 0): 4, ("t.lifecycle", 0): 1}
+    assert len(store.plans.counts) == 5  # every event counted once
+    await ingestor.drain()
+
+
+async def test_a_batch_taken_while_ingestion_paused_lets_an_urgent_one_that_came_meanwhile_go_first() -> None:
+    store = HeldStore()
+    store.go.set()
+    writer_pauses, resume = asyncio.Event(), asyncio.Event()
+    calls = 0
+
+    async def gate() -> None:  # the consumer's pause (the first call) passes; the writer's waits
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            writer_pauses.set()
+            await resume.wait()
+
+    ingestor = started_ingestor(store, before_batch=gate, urgent_topics=("t.lifecycle",))
+    await ingestor.submit([request_record(0, [1, 2])], Consumer())
+    await asyncio.wait_for(writer_pauses.wait(), 5)  # the writer took the request batch and paused
+    await ingestor.submit([_lifecycle(0)], Consumer())  # urgent: decoded without a pause
+    resume.set()
+    await asyncio.wait_for(ingestor.flush(), 5)
+    assert store.topics == [{"t.lifecycle"}, {"t.requests"}]
+    assert calls == 3  # the request batch came back to the gate after the urgent one, and passed
     await ingestor.drain()
