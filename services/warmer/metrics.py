@@ -95,6 +95,11 @@ class WarmerMetrics:
             ["replica"],
             registry=registry,
         )
+        self.outbox = Gauge(
+            "warmplane_warmer_outbox_events",
+            "Lifecycle events, warm results and heartbeats waiting for the broker's acknowledgement",
+            registry=registry,
+        )
         self.publish_retries = Counter(
             "warmplane_warmer_publish_retries",
             "Lifecycle or result events the broker did not acknowledge in time (retried)",

@@ -1,13 +1,13 @@
 """The warmer of one node: reads the plans topic, drives its replicas, reports, serves readiness.
 
 `Warmer` owns a producer (lifecycle, heartbeats and warm results, acknowledged and retried in order
-through one outbox), a consumer of the plans topic in the node's own group (`<group_id_prefix>-<node>`,
-from the earliest offset: every node reads every plan and keeps its own), one `ReplicaDriver` per
-engine, a heartbeat for each live replica every `WARMPLANE_HEARTBEAT__INTERVAL_S`, and the HTTP server of
-`/ready`. A plan is handed to its replica's tracker before its offset is committed; a redelivered plan is
-recognised by id and applied once. Plans for another node are skipped; a plan for a replica this warmer
-does not drive, or one its tracker refuses (older epoch, past its deadline, for an earlier start), is
-answered with a `warm.finished` that says why.
+through one outbox, `outbox.py`), a consumer of the plans topic in the node's own group
+(`<group_id_prefix>-<node>`, from the earliest offset: every node reads every plan and keeps its own), one
+`ReplicaDriver` per engine, a heartbeat for each live replica every `WARMPLANE_HEARTBEAT__INTERVAL_S`, and
+the HTTP server of `/ready`. A plan is handed to its replica's tracker before its offset is committed; a
+redelivered plan is recognised by id and applied once. Plans for another node are skipped; a plan for a
+replica this warmer does not drive, or one its tracker refuses (older epoch, past its deadline, for an
+earlier start), is answered with a `warm.finished` that says why.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from warmplane.services.warmer.core.replica import Phase, ReplicaTracker, policy_from
 from warmplane.services.warmer.http import status_server
 from warmplane.services.warmer.metrics import WarmerMetrics
+from warmplane.services.warmer.outbox import Outbox
 from warmplane.services.warmer.replica_driver import ReplicaDriver, refusal
 from warmplane.services.warmer.settings import EngineSettings, WarmerSettings
 from warmplane.services.warmer.vllm_client import VllmEngineClient
@@ -38,7 +39,7 @@ from warmplane.shared.dead_letters import DeadLetter, KafkaDeadLetterSink, reaso
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.event_publisher import KafkaEventPublisher, acknowledging_producer
 from warmplane.shared.event_signing import EventSigner
-from warmplane.shared.events import Event, WarmPlanIssued
+from warmplane.shared.events import WarmPlanIssued
 from warmplane.shared.group_consumer import group_consumer
 from warmplane.shared.kafka_admin import ensure_topics
 from warmplane.shared.topics import Topics
@@ -68,7 +69,7 @@ class Warmer:
         self._signer = EventSigner(settings.event_keys)
         """Signs what this warmer publishes; plans not signed by a shared key are dead-lettered."""
         self._salts = SaltBook(settings.tenant_secrets, settings.unsalted_tenants)
-        self._outbox: asyncio.Queue[Event] = asyncio.Queue()
+        self._outbox = Outbox(self.metrics.outbox)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stack = contextlib.AsyncExitStack()
         self._http = status_server(self, settings.http_host, settings.http_port)
@@ -171,7 +172,7 @@ class Warmer:
             tracker=ReplicaTracker(engine.replica, policy, self._new_id),
             salts=self._salts,
             warm=warm,
-            publish=self._outbox.put_nowait,
+            publish=self._outbox.put,
             metrics=self.metrics,
             clock=self._clock,
         )
@@ -272,7 +273,7 @@ class Warmer:
             self.metrics.plans.labels("unknown_replica").inc()
             reason = f"unknown replica {plan.replica!r} on node {self.node!r} (drives {sorted(self.drivers)})"
             log.warning("plan %s: %s", plan.plan_id, reason)
-            self._outbox.put_nowait(refusal(plan, reason, producer=f"warmer/{self.node}", at=self._clock()))
+            self._outbox.put(refusal(plan, reason, producer=f"warmer/{self.node}", at=self._clock()))
             return
         decision = driver.tracker.offer(plan, self._clock())
         if decision.accepted:
@@ -293,16 +294,14 @@ class Warmer:
             await asyncio.sleep(self.settings.heartbeat.interval_s)
             for driver in list(self.drivers.values()):
                 if (beat := driver.heartbeat()) is not None:
-                    self._outbox.put_nowait(beat)
+                    self._outbox.beat(beat)  # not while its previous beat waits for the broker
 
     async def _drain_outbox(self, publisher: KafkaEventPublisher) -> None:
         """Publish queued events in order, all that are waiting in one round of acknowledgements; events
         the broker does not acknowledge are retried (from the first of them), never lost while the warmer
         runs."""
         while True:
-            events = [await self._outbox.get()]
-            while not self._outbox.empty() and len(events) < _OUTBOX_CHUNK:
-                events.append(self._outbox.get_nowait())
+            events = await self._outbox.take(_OUTBOX_CHUNK)
             backoff = 0.1
             while True:
                 try:
@@ -315,5 +314,4 @@ class Warmer:
                     )
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, _BACKOFF_MAX_S)
-            for _ in events:
-                self._outbox.task_done()
+            self._outbox.done(events)
