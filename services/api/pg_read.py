@@ -15,6 +15,7 @@ import msgspec
 
 from warmplane.services.api.figures import Window
 from warmplane.shared.events import LIVE_REPLICA_STATES
+from warmplane.shared.traffic_sums import TRAFFIC_SUMS
 
 REPLICAS = """
 SELECT r.replica_id, r.node, r.model, r.model_revision, r.endpoint, r.state, r.state_since,
@@ -95,7 +96,7 @@ JOIN unnest($1::integer[], $2::bigint[]) AS k(scope_id, prefix_id) USING (scope_
 """
 # The sweep moves a bucket's counts from `prefix_stats` to `scope_traffic` in one statement: each request
 # is in exactly one of the two (`services/planner/pg_retention.py`).
-_SUMMED = "scope_id, bucket, requests, cold_requests, prompt_tokens, cached_tokens, ttft_ms_sum, ttft_count"
+_SUMMED = ", ".join(("scope_id", "bucket", *TRAFFIC_SUMS))
 TRAFFIC = f"""
 SELECT (p.bucket / $2) * $2 * $5 AS step_start, s.tenant, s.model,
        sum(p.requests)::bigint, sum(p.cold_requests)::bigint, sum(p.prompt_tokens)::bigint,

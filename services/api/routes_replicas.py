@@ -28,9 +28,9 @@ from warmplane.services.api.schemas import (
     Transition,
 )
 from warmplane.shared.events import ReplicaState
+from warmplane.shared.traffic_sums import TRAFFIC_SUMS
 
 router = APIRouter(prefix="/v1", responses=ERRORS)
-_SUMS = ("requests", "cold_requests", "prompt_tokens", "cached_tokens", "ttft_ms_sum", "ttft_count")
 _NO_TRAFFIC = (0, 0, 0, 0, 0.0, 0)
 
 
@@ -100,7 +100,7 @@ def _residency(rows: list[asyncpg.Record], scoped: str | None) -> Residency | No
 
 def _hits(sums: asyncpg.Record | None, span: figures.Window) -> ReplicaHits:
     """The window's figures from a replica's sums (None: it served no request counted here)."""
-    counted = _NO_TRAFFIC if sums is None else [sums[column] for column in _SUMS]
+    counted = _NO_TRAFFIC if sums is None else [sums[column] for column in TRAFFIC_SUMS]
     return ReplicaHits(since=datetime.fromtimestamp(span.start_s, UTC), **ReplicaHits.from_sums(counted))
 
 

@@ -35,20 +35,23 @@ from typing import Final
 
 import asyncpg
 
+from warmplane.shared.traffic_sums import TRAFFIC_SUMS
+
 STATISTICS_TABLES: Final = ("scope_traffic", "miss_stats", "replica_stats")
 """The tables kept to the statistics' cut (`prefix_stats` keeps the detail cut and moves into the first)."""
 _CHUNK: Final = 50_000
 
-_SUMS: Final = ("requests", "cold_requests", "prompt_tokens", "cached_tokens", "ttft_ms_sum", "ttft_count")
 # One statement deletes a chunk of detail and adds its sums: both commit or neither does.
 _ROLL_UP: Final = f"""
 WITH moved AS (
     DELETE FROM prefix_stats WHERE ctid = ANY(ARRAY(SELECT ctid FROM prefix_stats WHERE bucket < $1 LIMIT $2))
-    RETURNING scope_id, bucket, {", ".join(_SUMS)}
+    RETURNING scope_id, bucket, {", ".join(TRAFFIC_SUMS)}
 ), added AS (
-    INSERT INTO scope_traffic AS t (scope_id, bucket, {", ".join(_SUMS)})
-    SELECT scope_id, bucket, {", ".join(f"sum({c})" for c in _SUMS)} FROM moved GROUP BY scope_id, bucket
-    ON CONFLICT (scope_id, bucket) DO UPDATE SET {", ".join(f"{c} = t.{c} + excluded.{c}" for c in _SUMS)}
+    INSERT INTO scope_traffic AS t (scope_id, bucket, {", ".join(TRAFFIC_SUMS)})
+    SELECT scope_id, bucket, {", ".join(f"sum({c})" for c in TRAFFIC_SUMS)}
+    FROM moved GROUP BY scope_id, bucket
+    ON CONFLICT (scope_id, bucket) DO UPDATE
+    SET {", ".join(f"{c} = t.{c} + excluded.{c}" for c in TRAFFIC_SUMS)}
 )
 SELECT count(*) FROM moved
 """  # noqa: S608 - composed of constants
