@@ -143,6 +143,10 @@ async def live_replicas_are_the_models_starting_to_ready_ones(world: ChoiceWorld
     assert [r.replica for r in await world.store.live_replicas("other")] == ["g"]
 
 
+async def held_by_one(world: ChoiceWorld, replica: str) -> list[HeldItem]:
+    return (await world.store.held_by([replica]))[replica]
+
+
 def report(start: ReplicaEvent, at: datetime, *held: HeldPrefixes) -> ReplicaResidency:
     return ReplicaResidency(
         event_id=new_event_id(), occurred_at=at, producer="warmer", model=ModelRef("m", "r1"),
@@ -154,13 +158,13 @@ async def a_replica_holds_what_the_report_on_its_latest_start_names(world: Choic
     first = replica(ReplicaStarted, "r")
     held = [HeldPrefixes("acme", "", 2, [5, 6]), HeldPrefixes("globex", "v1", 0, [7])]
     await world.ingest([first, report(first, AT + MINUTE, *held)])
-    assert sorted(await world.store.held("r"), key=lambda h: h.prefix_id) == [
+    assert sorted(await held_by_one(world, "r"), key=lambda h: h.prefix_id) == [
         HeldItem(5, "acme", 2), HeldItem(6, "acme", 2), HeldItem(7, "globex", 0)
     ]  # fmt: skip
-    assert await world.store.held("s") == []
+    assert await held_by_one(world, "s") == []
     again = replica(ReplicaStarted, "r", at=AT + 2 * MINUTE)
     await world.ingest([again, report(first, AT + 3 * MINUTE, *held)])  # a report on the old start
-    assert await world.store.held("r") == []
+    assert await held_by_one(world, "r") == []
 
 
 def plan(start: ReplicaEvent, at: datetime, *prefixes: int) -> WarmPlanIssued:
@@ -187,12 +191,12 @@ async def a_replica_holds_its_verified_plans_items_from_its_start_on(world: Choi
     await world.ingest([start])
     answering, partial = plan(start, AT, 5, 6), plan(start, AT + MINUTE, 8)
     await world.store.record([(answering, start.event_id), (partial, uuid.uuid4())])
-    assert await world.store.held("r") == [], "issued, not verified"
+    assert await held_by_one(world, "r") == [], "issued, not verified"
     await world.ingest(
         [finished(answering, AT + MINUTE), finished(partial, AT + MINUTE, "prefix 8: HTTP 400")]
     )
     # An item without an epoch is in the plan's.
-    assert sorted(await world.store.held("r"), key=lambda h: h.prefix_id) == [
+    assert sorted(await held_by_one(world, "r"), key=lambda h: h.prefix_id) == [
         HeldItem(5, "acme", 1), HeldItem(6, "acme", 4)
     ]  # fmt: skip
     # A report after that plan finished says what is left of it; a plan verified after the report adds.
@@ -201,9 +205,25 @@ async def a_replica_holds_its_verified_plans_items_from_its_start_on(world: Choi
     await world.ingest(
         [report(start, AT + 2 * MINUTE, HeldPrefixes("acme", "", 1, [5])), finished(later, AT + 4 * MINUTE)]
     )
-    assert sorted(await world.store.held("r"), key=lambda h: h.prefix_id) == [
+    assert sorted(await held_by_one(world, "r"), key=lambda h: h.prefix_id) == [
         HeldItem(5, "acme", 1), HeldItem(9, "acme", 1)
     ]  # fmt: skip
+
+
+async def each_replica_asked_at_once_holds_only_its_own(world: ChoiceWorld) -> None:
+    r, s = replica(ReplicaStarted, "r"), replica(ReplicaStarted, "s")
+    await world.ingest([r, s])
+    answering = plan(r, AT, 5, 6)
+    await world.store.record([(answering, r.event_id)])
+    await world.ingest(
+        [finished(answering, AT + MINUTE), report(s, AT + MINUTE, HeldPrefixes("acme", "", 2, [7]))]
+    )
+    held = await world.store.held_by(["r", "s", "t"])
+    assert {name: sorted(items, key=lambda h: h.prefix_id) for name, items in held.items()} == {
+        "r": [HeldItem(5, "acme", 1), HeldItem(6, "acme", 4)],
+        "s": [HeldItem(7, "acme", 2)],
+        "t": [],
+    }
 
 
 BEHAVIOURS: dict[str, Callable[[ChoiceWorld], Awaitable[None]]] = {
@@ -217,5 +237,6 @@ BEHAVIOURS: dict[str, Callable[[ChoiceWorld], Awaitable[None]]] = {
         live_replicas_are_the_models_starting_to_ready_ones,
         a_replica_holds_what_the_report_on_its_latest_start_names,
         a_replica_holds_its_verified_plans_items_from_its_start_on,
+        each_replica_asked_at_once_holds_only_its_own,
     )
 }

@@ -40,28 +40,33 @@ LIVE_REPLICAS = """
 SELECT replica_id, node, model_revision, state, kv_capacity_tokens FROM replicas
 WHERE model = $1 AND state = ANY($2::text[]) ORDER BY replica_id
 """
-# What a replica holds (`PgPlanStore.held`): the items of its verified plans from the one answering its
-# latest start on (one clock, the planner's, orders them; a partial plan's held items are not known by name:
-# left out) or, once its warmer reported on that start, the report's prefixes and the items of those plans
-# that finished after it (the warmer's clock, both). `> ALL` of no report is true.
+# What each replica asked holds (`PgPlanStore.held_by`): the items of its verified plans from the one
+# answering its latest start on (one clock, the planner's, orders them; a partial plan's held items are not
+# known by name: left out) or, once its warmer reported on that start, the report's prefixes and the items
+# of those plans that finished after it (the warmer's clock, both). `> ALL` of no report is true. One
+# statement for every replica a pass plans (a thousand starting at once were a thousand round trips).
 HELD = """
 WITH latest AS (
-    SELECT event_id FROM replica_transitions
-    WHERE replica_id = $1 AND state = 'starting' ORDER BY occurred_at DESC LIMIT 1
+    SELECT a.replica_id, t.event_id FROM unnest($1::text[]) AS a(replica_id)
+    CROSS JOIN LATERAL (
+        SELECT event_id FROM replica_transitions
+        WHERE replica_id = a.replica_id AND state = 'starting' ORDER BY occurred_at DESC LIMIT 1
+    ) t
 ), answered AS (
-    SELECT p.issued_at FROM warm_plans p JOIN latest l ON p.trigger_event_id = l.event_id
-    WHERE p.replica_id = $1
+    SELECT p.replica_id, p.issued_at FROM warm_plans p
+    JOIN latest l ON p.trigger_event_id = l.event_id AND p.replica_id = l.replica_id
 ), report AS (
-    SELECT r.occurred_at, r.held FROM replica_residency r JOIN latest l ON r.incarnation = l.event_id
-    WHERE r.replica_id = $1
+    SELECT r.replica_id, r.occurred_at, r.held FROM replica_residency r
+    JOIN latest l ON r.incarnation = l.event_id AND r.replica_id = l.replica_id
 )
-SELECT (i.item->>'prefix_id')::bigint, coalesce(i.item->>'tenant', ''),
+SELECT p.replica_id, (i.item->>'prefix_id')::bigint, coalesce(i.item->>'tenant', ''),
        coalesce((i.item->>'epoch')::bigint, p.epoch)
-FROM warm_plans p CROSS JOIN answered a CROSS JOIN LATERAL jsonb_array_elements(p.items) AS i(item)
-WHERE p.replica_id = $1 AND p.state = 'verified' AND p.issued_at >= a.issued_at
-  AND p.finished_at > ALL (SELECT occurred_at FROM report)
+FROM warm_plans p JOIN answered a ON p.replica_id = a.replica_id
+CROSS JOIN LATERAL jsonb_array_elements(p.items) AS i(item)
+WHERE p.state = 'verified' AND p.issued_at >= a.issued_at
+  AND p.finished_at > ALL (SELECT r.occurred_at FROM report r WHERE r.replica_id = p.replica_id)
 UNION
-SELECT id::bigint, h.entry->>0, (h.entry->>2)::bigint
+SELECT r.replica_id, id::bigint, h.entry->>0, (h.entry->>2)::bigint
 FROM report r CROSS JOIN LATERAL jsonb_array_elements(r.held) AS h(entry)
 CROSS JOIN LATERAL jsonb_array_elements_text(h.entry->3) AS id
 """
@@ -165,8 +170,12 @@ class PgPlanStore:
         return [LiveReplica(*row) for row in rows]
 
     async def held(self, replica: str) -> list[HeldItem]:
-        """The prefixes `replica` holds since its latest start, each once, in the (tenant, epoch) it was
-        warmed in; [] before its start's plan verified or its warmer reported on that start.
+        """`held_by` of `replica` alone."""
+        return (await self.held_by([replica]))[replica]
+
+    async def held_by(self, replicas: Sequence[str]) -> dict[str, list[HeldItem]]:
+        """The prefixes each of `replicas` holds since its latest start, each once, in the (tenant, epoch)
+        it was warmed in; [] before its start's plan verified or its warmer reported on that start.
 
         Without a residency report on its latest start: the items of its verified plans (an eviction since
         goes unseen). With one: the report's prefixes (what the engine's KV events say is still there)
@@ -175,7 +184,10 @@ class PgPlanStore:
         budget and a cached request each at the warmer. Accepted: the gap is short (the warmer settles it
         with a probe), and counting only what the report shows never takes an evicted prefix for held.
         """
-        return [HeldItem(*row) for row in await self._pool.fetch(HELD, replica)]
+        held: dict[str, list[HeldItem]] = {replica: [] for replica in replicas}
+        for replica, *item in await self._pool.fetch(HELD, list(held)):
+            held[replica].append(HeldItem(*item))
+        return held
 
     async def record(self, plans: Sequence[tuple[WarmPlanIssued, uuid.UUID]]) -> set[uuid.UUID]:
         """Record each plan as issued for its trigger event, in one statement (a scale-up of a thousand

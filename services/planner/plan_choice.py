@@ -9,7 +9,7 @@ fitted on the same counts (`policy.fit_calibration`: scored at now minus the ram
 used since) and serves the reads of the next `calibration_max_age_s`; then, per replica, the selection keeps
 the prefixes the gateway's ring sends to it among the model's live replicas (the replica included), whose
 calibrated probability of reuse is at least `min_reuse_probability`, within the budget (settings, capped
-by its KV capacity), minus what it already holds (`PgPlanStore.held`: its warmer's residency report on its
+by its KV capacity), minus what it already holds (`PgPlanStore.held_by`: its warmer's residency report on its
 latest start and the plans verified after it, or without a report the items of its verified plans since
 that start), in their tenant's current epoch. Only catalogued prefixes can be warmed (a
 payload renders them and their chain). Items name their tenant, prompt revision and current epoch.
@@ -108,7 +108,7 @@ class ChoiceStore(Protocol):
     async def scope_names(self, scope_ids: Sequence[int]) -> dict[int, tuple[str, str]]: ...
     async def current_epochs(self, model: str) -> dict[str, int]: ...
     async def live_replicas(self, model: str) -> list[LiveReplica]: ...
-    async def held(self, replica: str) -> list[HeldItem]: ...
+    async def held_by(self, replicas: Sequence[str]) -> dict[str, list[HeldItem]]: ...
 
 
 class WarmSetChooser:
@@ -172,10 +172,10 @@ class WarmSetChooser:
         now = self._clock()
         view = await self._read(model, tenant, epoch, now, read_after=read_after)
         asked = [replica for replica in replicas if replica not in holding_nothing]
-        holdings = await asyncio.gather(*(self._store.held(replica) for replica in asked))
+        holdings = await self._store.held_by(asked) if asked else {}
         resident = {
             replica: {held.prefix_id for held in holding if held.epoch == view.epochs.get(held.tenant, 0)}
-            for replica, holding in zip(asked, holdings, strict=True)
+            for replica, holding in holdings.items()
         }
         selected = choose_for_replicas(
             view.stats.trie,

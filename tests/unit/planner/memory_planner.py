@@ -106,8 +106,11 @@ class MemoryPlans:
         ]
         return sorted(live, key=lambda r: r.replica)
 
-    async def held(self, replica: str) -> list[HeldItem]:
-        """As `PgPlanStore.held`, then what `holding` adds."""
+    async def held_by(self, replicas: Sequence[str]) -> dict[str, list[HeldItem]]:
+        """As `PgPlanStore.held_by`, then what `holding` adds."""
+        return {replica: self._held(replica) for replica in replicas}
+
+    def _held(self, replica: str) -> list[HeldItem]:
         found = dict.fromkeys(self._held_since_start(replica))
         found.update(dict.fromkeys(self.holding.get(replica, [])))
         return list(found)
