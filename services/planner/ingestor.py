@@ -7,9 +7,10 @@ bounded: a slow database slows the consumer, never grows memory.
 Two lanes: the records of `urgent_topics` (the lifecycle topic: a replica that started waits for its
 plan) are decoded first and queued in a lane of their own, which the writer takes before the other. A
 fetch brings up to `batch_max_records` requests beside a start; in one batch, the start waited for all of
-them to decode and commit (about a quarter of a second under load, `bench.plan_latency_bench`). The lanes
-hold different partitions, so taking one before the other reorders nothing within a partition, and each
-batch still commits its own partitions' offsets with its counts.
+them to decode and commit. (The lane did not shorten a start's way to its commit under load measurably,
+`bench.plan_latency_bench`: most of it seems spent before the ingestor holds the record, not yet taken
+apart.) The lanes hold different partitions, so taking one before the other reorders nothing within a
+partition, and each batch still commits its own partitions' offsets with its counts.
 
 Exactly-once effects: a batch's counts commit in Postgres together with its partitions' next offsets;
 on assignment the consumer seeks to those offsets (`restore`), so a crash replays nothing that was
