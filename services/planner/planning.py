@@ -22,10 +22,11 @@ plans (`plan_choice`: starts within `statistics_max_age_s`) serves only starts p
 **Urgent work first.** Some triggers have someone waiting on them: a replica that started waits for its plan
 before it turns ready, a tenant whose epoch moved waits for its replicas' re-plans. Their types are `urgent`.
 Ingestion shares the planner's event loop, its CPU and its Postgres with them, and under load a start's
-plan took four times as long as idle (`bench.plan_latency_bench`). So ingestion calls `yield_to_urgent`
-before each batch: while an urgent trigger waits or is handled it pauses, for at most `yield_s`, and after
-a pause it runs free for as long as it paused, so a stream of urgent work takes at most half of ingestion's
-time. The broker holds what is not read meanwhile; counts lag by the pause, never lose or double anything.
+plan took several times as long as idle (`bench.plan_latency_bench` measures both). So ingestion calls
+`yield_to_urgent` before each batch: while an urgent trigger waits or is handled it pauses, for at most
+`yield_s`, and after a pause it runs free for as long as it paused, so a stream of urgent work takes at most
+half of ingestion's time. The broker holds what is not read meanwhile; counts lag by the pause, never lose
+or double anything.
 
 **Failures and shutdown.** A handler that raises is logged and counted (`plan_failures`), and the next
 trigger is handled: the batches' counts stand. `drain` handles what waits, for at most its timeout (the
