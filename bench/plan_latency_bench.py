@@ -272,6 +272,8 @@ class Spent:
                 what = f"queued for planning: {dict(labels)['trigger']}"
             elif name == "warmplane_planner_start_ingested_seconds_count":
                 what = "a start, sent to its batch committed"
+            elif name == "warmplane_planner_start_delivered_seconds_count":
+                what = "a start, sent to the consumer's handler"
             else:
                 continue
             total = name.removesuffix("_count") + "_sum"
@@ -435,9 +437,10 @@ def _report(
     )
     recorder.table(
         "Where a phase's time went, from the planner's own histograms over the phase (count, mean and sum of"
-        " seconds): its batch writes; a start's way from its sending to the commit of the batch that counted"
-        " it; the planning task's queue and its work, by trigger type. The rest of a start's latency is the"
-        " plan's publication and the warmer's fetch.",
+        " seconds): its batch writes; a start's way from its sending to the consumer's handler (the fetch and"
+        " the event loop's turn) and on to the commit of the batch that counted it; the planning task's queue"
+        " and its work, by trigger type. The rest of a start's latency is the plan's publication and the"
+        " warmer's fetch.",
         ["phase", "work", "count", "mean ms", "total s"],
         [
             [phase, work, f"{count:,}", f"{1000 * total / count:.1f}", f"{total:.2f}"]

@@ -8,9 +8,10 @@ Two lanes: the records of `urgent_topics` (the lifecycle topic: a replica that s
 plan) are decoded first and queued in a lane of their own, which the writer takes before the other. A
 fetch brings up to `batch_max_records` requests beside a start; in one batch, the start waited for all of
 them to decode and commit. (The lane did not shorten a start's way to its commit under load measurably,
-`bench.plan_latency_bench`: most of it seems spent before the ingestor holds the record, not yet taken
-apart.) The lanes hold different partitions, so taking one before the other reorders nothing within a
-partition, and each batch still commits its own partitions' offsets with its counts.
+`bench.plan_latency_bench`: most of that way comes before the handler holds the record, which
+`start_delivered_seconds` times: the fetch, and the event loop's turn between the batches this process
+decodes, folds and writes.) The lanes hold different partitions, so taking one before the other reorders
+nothing within a partition, and each batch still commits its own partitions' offsets with its counts.
 
 Exactly-once effects: a batch's counts commit in Postgres together with its partitions' next offsets;
 on assignment the consumer seeks to those offsets (`restore`), so a crash replays nothing that was
@@ -36,6 +37,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from itertools import groupby
 from operator import attrgetter
 from typing import Protocol, cast
@@ -51,7 +53,7 @@ from warmplane.services.planner.pg_store import Fenced, PartitionSlice
 from warmplane.shared.codec import DecodeFailure, EventCodec
 from warmplane.shared.dead_letters import DeadLetter, DeadLetterSink, RawRecord, reason_class
 from warmplane.shared.event_signing import SignedTopics
-from warmplane.shared.events import Event, event_type
+from warmplane.shared.events import Event, ReplicaStarted, event_type
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +156,8 @@ class Ingestor:
         self._windows: dict[Partition, RecentIds] = {}
         self._restoring: dict[Partition, asyncio.Future[None]] = {}
         self._submitted: Offsets = {}
-        self._broker_commits = True
         """Per partition, the next offset after the last batch submitted to the writer."""
+        self._broker_commits = True
         self._urgent_topics = frozenset(urgent_topics)
         self._queue: asyncio.PriorityQueue[tuple[int, int, _Work | None]] = asyncio.PriorityQueue()
         """(lane, sequence, work): the urgent lane's first, then the other's, each in order; the stop
@@ -218,13 +220,24 @@ class Ingestor:
         await self._await_restored({partition for partition, _ in runs})
         urgent = [(partition, run) for partition, run in runs if partition[0] in self._urgent_topics]
         if urgent:
-            await self._put(_URGENT, await self._decoded(urgent, consumer))
+            work = await self._decoded(urgent, consumer)
+            self._time_deliveries(work.events)
+            await self._put(_URGENT, work)
             runs = [(partition, run) for partition, run in runs if partition[0] not in self._urgent_topics]
             if not runs:
                 return
         if self._before_batch is not None:
             await self._before_batch()
         await self._put(_BULK, await self._decoded(runs, consumer))
+
+    def _time_deliveries(self, events: Sequence[Event]) -> None:
+        """How long each replica start took from its producer to this handler (`start_delivered_seconds`)."""
+        now = datetime.now(UTC)
+        for event in events:
+            if isinstance(event, ReplicaStarted):
+                self._metrics.start_delivered_seconds.observe(
+                    max(0.0, (now - event.occurred_at).total_seconds())
+                )
 
     async def _put(self, lane: int, work: _Work) -> None:
         await self._room[lane].acquire()

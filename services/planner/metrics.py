@@ -119,6 +119,13 @@ class PlannerMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=registry,
         )
+        self.start_delivered_seconds = Histogram(
+            "warmplane_planner_start_delivered_seconds",
+            "Time from a replica.started event (its occurred_at, the producer's clock) to its decoding in the"
+            " consumer's handler: the share of start_ingested_seconds spent before the ingestor held it",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
+        )
         self.planning_seconds = Histogram(
             "warmplane_planner_planning_seconds",
             "Time the planning task took over one trigger, by trigger type",

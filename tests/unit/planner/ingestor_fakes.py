@@ -71,13 +71,14 @@ def started_ingestor(
     before_batch: Callable[[], Awaitable[object]] | None = None,
     urgent_topics: Sequence[str] = (),
     clock: Callable[[], float] = time.monotonic,
+    metrics: PlannerMetrics | None = None,
 ) -> Ingestor:
     """An `Ingestor` over `store`, its writer started, with what the rest of the tests leave alone."""
     ingestor = Ingestor(
         codec=EventCodec(),
         store=store,
         dead_letters=NoLetters(),
-        metrics=PlannerMetrics(CollectorRegistry()),
+        metrics=metrics or PlannerMetrics(CollectorRegistry()),
         node_cache=node_cache or NodeCache(),
         max_payload_bytes=65_536,
         window_per_partition=1_000,

@@ -8,11 +8,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client import CollectorRegistry
 
 from tests.unit.planner.ingestor_fakes import Consumer, Record, request_record, started_ingestor
 from tests.unit.planner.memory_ingest import MemoryIngest
 from warmplane.services.planner.core.ingest_batch import IngestBatch
+from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_store import PartitionSlice
+from warmplane.shared.codec import EventCodec
+from warmplane.shared.event_ids import new_event_id
+from warmplane.shared.events import ModelRef, ReplicaStarted
 
 
 class Gate:
@@ -105,4 +112,20 @@ async def test_a_batch_taken_while_ingestion_paused_lets_an_urgent_one_that_came
     await asyncio.wait_for(ingestor.flush(), 5)
     assert store.topics == [{"t.lifecycle"}, {"t.requests"}]
     assert calls == 3  # the request batch came back to the gate after the urgent one, and passed
+    await ingestor.drain()
+
+
+async def test_a_start_s_way_to_the_handler_is_timed_from_its_producer_s_clock() -> None:
+    metrics = PlannerMetrics(CollectorRegistry())
+    ingestor = started_ingestor(MemoryIngest(), urgent_topics=("t.lifecycle",), metrics=metrics)
+    sent = datetime.now(UTC) - timedelta(seconds=3)
+    start = ReplicaStarted(
+        event_id=new_event_id(), occurred_at=sent, producer="w", model=ModelRef("m"), replica="r", node="n"
+    )
+    record = Record("t.lifecycle", 0, 0, None, EventCodec().encode(start))
+    await ingestor.submit([record, dataclasses.replace(_lifecycle(1), partition=1)], Consumer())
+    await asyncio.wait_for(ingestor.flush(), 5)
+    histogram = metrics.registry.get_sample_value
+    assert histogram("warmplane_planner_start_delivered_seconds_count") == 1  # the start alone
+    assert 3 <= (histogram("warmplane_planner_start_delivered_seconds_sum") or 0) < 60
     await ingestor.drain()
