@@ -191,21 +191,27 @@ async def read_topic(kafka: KafkaSettings, topic: str) -> list[ConsumerRecord[by
 
 
 async def events_on(kafka: KafkaSettings, topic: str, kind: type[E]) -> list[E]:
-    """The events of type `kind` on `topic` (see `read_topic`), each partition's in offset order, each event
-    once, as a consumer takes them.
+    """The events of type `kind` on `topic`, each partition's in offset order, each event once, as a
+    consumer takes them (`records_once`)."""
+    return [event for _, event in await records_once(kafka, topic) if isinstance(event, kind)]
+
+
+async def records_once(kafka: KafkaSettings, topic: str) -> list[tuple[ConsumerRecord[bytes, bytes], Event]]:
+    """Every record of `topic` that decodes (see `read_topic`), with its event, each event id once: its
+    first copy.
 
     Publishing is at least once: a publish retried after a timeout whose records the broker had in fact
     written leaves a second copy, with the same `event_id`, which every consumer drops (the id is their
     idempotency key). Events published twice under different ids are two events and both stay."""
     codec = EventCodec(kafka.max_event_bytes)
-    decoded = [codec.decode(record.value) for record in await read_topic(kafka, topic)]
     seen: set[uuid.UUID] = set()
-    events: list[E] = []
-    for event in decoded:
-        if isinstance(event, kind) and event.event_id not in seen:
+    found: list[tuple[ConsumerRecord[bytes, bytes], Event]] = []
+    for record in await read_topic(kafka, topic):
+        event = codec.decode(record.value)
+        if isinstance(event, Event) and event.event_id not in seen:
             seen.add(event.event_id)
-            events.append(event)
-    return events
+            found.append((record, event))
+    return found
 
 
 async def events_by_time(kafka: KafkaSettings, topic: str) -> list[Event]:

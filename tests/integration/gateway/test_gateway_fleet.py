@@ -37,7 +37,7 @@ from tests.integration.gateway_harness import (
     vllm_requests,
     wait_ready,
 )
-from tests.integration.planner_harness import poll_until, produce, read_topic
+from tests.integration.planner_harness import events_on, poll_until, produce
 from tests.integration.warmer_harness import status_code, warmer_settings
 from warmplane.services.gateway.openai_request import chain_of, decode
 from warmplane.services.gateway.service import Gateway
@@ -45,10 +45,9 @@ from warmplane.services.warmer.service import Warmer
 from warmplane.services.warmer.settings import DrainSettings, ReadinessSettings, WarmSettings
 from warmplane.services.warmer.vllm_client import requests_in_flight
 from warmplane.shared.cache_salt import derive_cache_salt
-from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded import EmbeddedKafka
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm, ensure_tiny_model
-from warmplane.shared.events import PrefixMissed, ReplicaEvent, RequestObserved
+from warmplane.shared.events import Event, PrefixMissed, ReplicaEvent, RequestObserved
 from warmplane.shared.hash_ring import HashRing
 from warmplane.shared.prefix_chain import Namespace
 from warmplane.shared.topics import Topics
@@ -151,14 +150,13 @@ async def test_tenants_get_different_salts_and_never_read_each_others_cache(
         again = await direct.post(f"{engine.base_url}/v1/chat/completions", json={**body, "cache_salt": salt})
     assert cached_tokens(again) == cached_tokens(warm)
 
-    codec = EventCodec()
     topics = Topics(kafka.topic_prefix)
-    observed = [codec.decode(record.value) for record in await read_topic(kafka, topics.requests)]
+    observed = await events_on(kafka, topics.requests, Event)
     assert all(isinstance(event, RequestObserved) for event in observed)
     by_tenant = sorted((e.tenant, e.cached_tokens) for e in observed if isinstance(e, RequestObserved))
     assert by_tenant == sorted([("acme", 0), ("acme", cached_tokens(warm)), ("acme", 0), ("globex", 0)])
     assert sorted(e.epoch or 0 for e in observed if isinstance(e, RequestObserved)) == [0, 0, 0, 1]
-    misses = [codec.decode(record.value) for record in await read_topic(kafka, topics.misses)]
+    misses = await events_on(kafka, topics.misses, Event)
     assert sorted(e.tenant for e in misses if isinstance(e, PrefixMissed)) == ["acme", "acme", "globex"]
 
 
@@ -304,9 +302,8 @@ async def test_a_drained_replica_leaves_routing_with_no_request_failed(
     assert len(outcomes) > 0
     assert {outcome.replica for outcome in after} == {staying.engines[0].replica}
     assert await vllm_requests(engines["r1"]) == served_before  # nothing reached it once stopped
-    codec = EventCodec(kafka.max_event_bytes)
-    lifecycle = [codec.decode(r.value) for r in await read_topic(kafka, Topics(kafka.topic_prefix).lifecycle)]
-    events = [event for event in lifecycle if isinstance(event, ReplicaEvent) and event.replica == gone]
+    lifecycle = await events_on(kafka, Topics(kafka.topic_prefix).lifecycle, ReplicaEvent)
+    events = [event for event in lifecycle if event.replica == gone]
     assert [event.STATE for event in events][-2:] == ["draining", "gone"], events
     draining, stopped = events[-2:]
     assert stopped.reason == "drained: no request in flight"

@@ -9,12 +9,11 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from tests.integration.planner_harness import MODEL, poll_until, produce, read_topic, request
+from tests.integration.planner_harness import MODEL, events_on, poll_until, produce, request
 from tests.integration.warmer_harness import conversation, counted, ready_status, wait_for, warmer_settings
 from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
 from warmplane.services.warmer.service import Warmer
-from warmplane.shared.codec import EventCodec
 from warmplane.shared.embedded.vllm_engine import EmbeddedVllm
 from warmplane.shared.events import PrefixPayload, RequestObserved, WarmPlanIssued
 from warmplane.shared.topics import Topics
@@ -55,9 +54,7 @@ async def test_a_model_whose_traffic_never_repeats_gets_an_empty_plan_and_turns_
             assert driver.tracker.last_outcome.fraction == 1.0
         assert planner.metrics.empty_plans.labels("nothing_likely")._value.get() == 1
 
-    codec = EventCodec(kafka.max_event_bytes)
-    plans = [codec.decode(r.value) for r in await read_topic(kafka, Topics(kafka.topic_prefix).plans)]
-    [plan] = [p for p in plans if isinstance(p, WarmPlanIssued)]
+    [plan] = await events_on(kafka, Topics(kafka.topic_prefix).plans, WarmPlanIssued)
     assert plan.items == []
     assert plan.empty_reason == (
         f"warming buys little for model {MODEL.name}: no prefix is at least 5% likely to be reused"

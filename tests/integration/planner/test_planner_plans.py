@@ -16,8 +16,8 @@ from tests.integration.planner_harness import (
     MODEL,
     poll_until,
     produce,
-    read_topic,
     record_start,
+    records_once,
     request,
 )
 from warmplane.services.planner.app import running_planner
@@ -26,7 +26,6 @@ from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.plan_choice import ModelStatistics
 from warmplane.services.planner.plans import PlanIssuer
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
-from warmplane.shared.codec import EventCodec
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
     Event,
@@ -84,7 +83,6 @@ async def test_a_starting_replica_gets_one_plan_of_the_most_requested_prefixes(
     )
     kafka = settings.kafka
     plans_topic = Topics(kafka.topic_prefix).plans
-    codec = EventCodec(kafka.max_event_bytes)
     events = traffic()
     await produce(kafka, events)
     db = await asyncpg.connect(settings.postgres.asyncpg_dsn())
@@ -97,10 +95,7 @@ async def test_a_starting_replica_gets_one_plan_of_the_most_requested_prefixes(
             await produce(kafka, [trigger])
             await poll_until(lambda: _issued(planner.metrics, 1), timeout_s=_TIMEOUT_S, what="a plan")
 
-            records = await read_topic(kafka, plans_topic)
-            assert len(records) == 1
-            [record] = records
-            plan = codec.decode(record.value)
+            [(record, plan)] = await records_once(kafka, plans_topic)
             assert isinstance(plan, WarmPlanIssued)
             assert record.key == b"node-7"
             assert record.partition == DefaultPartitioner()(b"node-7", list(range(kafka.partitions)), [])
@@ -141,7 +136,7 @@ async def test_a_starting_replica_gets_one_plan_of_the_most_requested_prefixes(
             state = "SELECT state FROM replicas WHERE replica_id = 'r-new'"
             await poll_until(lambda: _equals(db, state, "loading"), timeout_s=_TIMEOUT_S, what="the marker")
         # Leaving the block drained the writer: whatever the copy could have triggered has happened.
-        assert len(await read_topic(kafka, plans_topic)) == 1
+        assert len(await records_once(kafka, plans_topic)) == 1
         assert await db.fetchval("SELECT count(*) FROM warm_plans") == 1
         assert planner.metrics.plans_issued._value.get() == 1
         assert planner.metrics.plan_failures._value.get() == 0
