@@ -3,7 +3,7 @@ side in one run, and a burst of starts at once (issue 19's targets: p99 <= 200 m
 replicas announced at once, every plan within 2 s p99). Run:
 
     python -m bench.plan_latency_bench [--starts 30] [--capacity-events 200000] [--load-seconds 30]
-                                       [--burst 1000]
+                                       [--burst 1000] [--load-rate EVENTS_PER_S]
 
 On the embedded broker and Postgres, one planner process (`python -m warmplane.services.planner`, as
 deployed). Its ingestion capacity is measured first: `--capacity-events` requests of the fleet shape
@@ -11,7 +11,8 @@ deployed). Its ingestion capacity is measured first: `--capacity-events` request
 to the last (the group's stored offsets). Then `--starts` replicas of the traffic's model are announced one
 after another, each once the previous one's plan arrived (and then stopped, so the fleet stays one replica
 large), idle, then while this process publishes requests of that shape, encoded ahead and paced, at half that
-capacity; between the two, `--burst` replicas are announced at once (a fleet scaling out by that many), each
+capacity (or at `--load-rate`: the capacity measured varies from run to run, a fixed rate compares runs and
+versions); between the two, `--burst` replicas are announced at once (a fleet scaling out by that many), each
 timed from the burst's sending, and then stopped. The loaded phase runs twice, side by side: first with a
 planner whose ingestion never yields to planning (`WARMPLANE_PLANS__INGEST_YIELD_S=0`), then, after a
 restart, with the planner's default (ingestion pauses while a plan someone waits for is made), so the later
@@ -369,6 +370,7 @@ async def bench(args: argparse.Namespace, workdir: Path, recorder: SummaryRecord
                 async with planner_process(never, workdir / "planner.log"):
                     rate = await capacity(kafka, db, group, args.capacity_events)
                     print(f"ingestion capacity: {rate:,.0f} events/s")
+                    load = args.load_rate or rate / 2
                     before = await scrape(metrics)
                     idle = await start_latencies(kafka, warmer, producer, args.starts, "idle")
                     spent = {"idle": Spent.between(before, await scrape(metrics))}
@@ -376,12 +378,12 @@ async def bench(args: argparse.Namespace, workdir: Path, recorder: SummaryRecord
                     burst = await burst_latencies(kafka, warmer, producer, db, args.burst)
                     spent["burst"] = Spent.between(before, await scrape(metrics))
                     loaded[NEVER] = await loaded_phase(
-                        kafka, warmer, producer, metrics, rate=rate / 2, args=args, phase="never"
+                        kafka, warmer, producer, metrics, rate=load, args=args, phase="never"
                     )
                 async with planner_process(settings, workdir / "planner.log"):
                     await start_latencies(kafka, warmer, producer, 1, "restarted")  # the group has joined
                     loaded[YIELDS] = await loaded_phase(
-                        kafka, warmer, producer, metrics, rate=rate / 2, args=args, phase="yields"
+                        kafka, warmer, producer, metrics, rate=load, args=args, phase="yields"
                     )
         finally:
             await producer.stop()
@@ -470,9 +472,13 @@ def _report(
     counts = ", ".join(f"{name}: {len(phase.latencies)}" for name, phase in loaded.items())
     recorder.note(
         f"Target: p99 <= 200 ms at half capacity. One run, {args.starts} starts a phase (under load, those"
-        f" sent before the load's {args.load_seconds:g} s ran out: {counts}); the load is paced at half the"
-        f" capacity measured first ({rate:,.0f} events/s). Target for {len(burst):,} replicas announced at"
-        " once: every plan within 2 s p99."
+        f" sent before the load's {args.load_seconds:g} s ran out: {counts}); the load is paced at"
+        + (
+            f" {args.load_rate:,.0f} events/s (--load-rate), against a capacity measured at {rate:,.0f}"
+            if args.load_rate
+            else f" half the capacity measured first ({rate:,.0f} events/s)"
+        )
+        + f". Target for {len(burst):,} replicas announced at once: every plan within 2 s p99."
     )
 
 
@@ -485,6 +491,13 @@ def main() -> None:
     )
     parser.add_argument("--load-seconds", type=float, default=30, help="the paced load's length at most")
     parser.add_argument("--burst", type=int, default=1_000, help="replicas announced at once, idle")
+    parser.add_argument(
+        "--load-rate",
+        type=float,
+        default=None,
+        help="pace the load at this many events/s (default: half the capacity measured first); a fixed"
+        " rate compares runs whose capacity measurements differ",
+    )
     parser.add_argument(
         "--capacity-events", type=int, default=200_000, help="events published to measure capacity"
     )
