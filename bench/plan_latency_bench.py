@@ -69,24 +69,26 @@ _SENT = [0]
 """Events the paced load has sent."""
 
 
-class PlansAtTheWarmer:
-    """A consumer of the plans topic from its end on: when each plan answering a start arrived."""
+class Arrivals:
+    """A consumer of `topic` from its end on, alone in no group: when each event's key (`key_of`, None for
+    events not looked for) first arrived."""
 
-    def __init__(self, kafka: KafkaSettings) -> None:
+    def __init__(self, kafka: KafkaSettings, topic: str, key_of: Callable[[Any], object | None]) -> None:
         self._kafka = kafka
+        self._topic = topic
+        self._key_of = key_of
         self._codec = EventCodec(kafka.max_event_bytes)
         self.arrived: dict[object, float] = {}
 
     @contextlib.asynccontextmanager
-    async def reading(self) -> AsyncIterator[PlansAtTheWarmer]:
+    async def reading(self) -> AsyncIterator[Arrivals]:
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self._kafka.bootstrap_servers,
             enable_auto_commit=False,
             fetch_max_wait_ms=self._kafka.fetch_max_wait_ms,
         )
         await consumer.start()
-        topic = Topics(self._kafka.topic_prefix).plans
-        consumer.assign([TopicPartition(topic, p) for p in range(self._kafka.partitions)])
+        consumer.assign([TopicPartition(self._topic, p) for p in range(self._kafka.partitions)])
         await consumer.seek_to_end()
         task = asyncio.create_task(self._read(consumer))
         try:
@@ -101,22 +103,47 @@ class PlansAtTheWarmer:
         while True:
             for records in (await consumer.getmany(timeout_ms=100)).values():
                 for record in records:
-                    plan = self._codec.decode(record.value)
-                    if isinstance(plan, WarmPlanIssued) and plan.trigger_event_id is not None:
-                        self.arrived.setdefault(plan.trigger_event_id, time.perf_counter())
+                    key = self._key_of(self._codec.decode(record.value))
+                    if key is not None:
+                        self.arrived.setdefault(key, time.perf_counter())
+
+
+def plans_at_the_warmer(kafka: KafkaSettings) -> Arrivals:
+    """When each plan answering a start arrived, as a warmer's consumer of the plans topic reads it."""
+    return Arrivals(
+        kafka,
+        Topics(kafka.topic_prefix).plans,
+        lambda e: e.trigger_event_id if isinstance(e, WarmPlanIssued) else None,
+    )
+
+
+def starts_heard(kafka: KafkaSettings) -> Arrivals:
+    """When each start reached a plain consumer of the lifecycle topic: the broker's own hop, beside the
+    planner's way to its handler."""
+    return Arrivals(
+        kafka,
+        Topics(kafka.topic_prefix).lifecycle,
+        lambda e: e.event_id if isinstance(e, ReplicaStarted) else None,
+    )
+
+
+_HOP = "a start, sent to a plain consumer (the broker's hop)"
 
 
 async def start_latencies(
     kafka: KafkaSettings,
-    warmer: PlansAtTheWarmer,
+    warmer: Arrivals,
     producer: AIOKafkaProducer,
     starts: int,
     phase: str,
     *,
     going_on: Callable[[], bool] = lambda: True,
+    heard: Arrivals | None = None,
+    hops: list[float] | None = None,
 ) -> list[float]:
     """Seconds from each of `starts` replicas' `replica.started` (sent, one after another) to its plan; no
-    start is sent once `going_on()` is false."""
+    start is sent once `going_on()` is false. With `heard` (`starts_heard`), each start's seconds to it go
+    to `hops`."""
     lifecycle, codec = Topics(kafka.topic_prefix).lifecycle, EventCodec(kafka.max_event_bytes)
     latencies = []
     for i in range(starts):
@@ -132,6 +159,8 @@ async def start_latencies(
                 raise RuntimeError(f"{phase}: no plan for start {i} in 60 s")
             await asyncio.sleep(0.001)
         latencies.append(warmer.arrived[start.event_id] - sent)
+        if heard is not None and hops is not None and start.event_id in heard.arrived:
+            hops.append(heard.arrived[start.event_id] - sent)
         stop = ReplicaStopped(event_id=new_event_id(), occurred_at=datetime.now(UTC), **common)  # type: ignore[arg-type]
         await producer.send_and_wait(lifecycle, codec.encode(stop), key=partition_key(stop))
     return latencies
@@ -139,7 +168,7 @@ async def start_latencies(
 
 async def burst_latencies(
     kafka: KafkaSettings,
-    warmer: PlansAtTheWarmer,
+    warmer: Arrivals,
     producer: AIOKafkaProducer,
     db: asyncpg.Connection,
     count: int,
@@ -300,13 +329,14 @@ async def planner_process(settings: PlannerSettings, log: Path) -> AsyncIterator
 
 async def loaded_phase(
     kafka: KafkaSettings,
-    warmer: PlansAtTheWarmer,
+    warmer: Arrivals,
     producer: AIOKafkaProducer,
     metrics: str,
     *,
     rate: float,
     args: argparse.Namespace,
     phase: str,
+    heard: Arrivals,
 ) -> Loaded:
     """Starts announced one after another while requests are paced at `rate` events/s."""
     pool = encoded_load(kafka, int(rate * args.load_seconds))
@@ -315,10 +345,19 @@ async def loaded_phase(
     try:
         await asyncio.sleep(2)  # the load under way
         before, scraped = await scrape(metrics), time.perf_counter()
+        hops: list[float] = []
         latencies = await start_latencies(
-            kafka, warmer, producer, args.starts, phase, going_on=lambda: not load.done()
+            kafka,
+            warmer,
+            producer,
+            args.starts,
+            phase,
+            going_on=lambda: not load.done(),
+            heard=heard,
+            hops=hops,
         )
         spent = Spent.between(before, await scrape(metrics))
+        spent.work[_HOP] = (len(hops), sum(hops))
         seconds = time.perf_counter() - scraped
     finally:
         load.cancel()
@@ -363,27 +402,31 @@ async def bench(args: argparse.Namespace, workdir: Path, recorder: SummaryRecord
         db = await asyncpg.connect(postgres.asyncpg_dsn)
         producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=2)
         await producer.start()
-        warmer = PlansAtTheWarmer(kafka)
+        warmer, heard = plans_at_the_warmer(kafka), starts_heard(kafka)
         loaded: dict[str, Loaded] = {}
         try:
-            async with warmer.reading():
+            async with warmer.reading(), heard.reading():
                 async with planner_process(never, workdir / "planner.log"):
                     rate = await capacity(kafka, db, group, args.capacity_events)
                     print(f"ingestion capacity: {rate:,.0f} events/s")
                     load = args.load_rate or rate / 2
                     before = await scrape(metrics)
-                    idle = await start_latencies(kafka, warmer, producer, args.starts, "idle")
+                    hops: list[float] = []
+                    idle = await start_latencies(
+                        kafka, warmer, producer, args.starts, "idle", heard=heard, hops=hops
+                    )
                     spent = {"idle": Spent.between(before, await scrape(metrics))}
+                    spent["idle"].work[_HOP] = (len(hops), sum(hops))
                     before = await scrape(metrics)
                     burst = await burst_latencies(kafka, warmer, producer, db, args.burst)
                     spent["burst"] = Spent.between(before, await scrape(metrics))
                     loaded[NEVER] = await loaded_phase(
-                        kafka, warmer, producer, metrics, rate=load, args=args, phase="never"
+                        kafka, warmer, producer, metrics, rate=load, args=args, phase="never", heard=heard
                     )
                 async with planner_process(settings, workdir / "planner.log"):
                     await start_latencies(kafka, warmer, producer, 1, "restarted")  # the group has joined
                     loaded[YIELDS] = await loaded_phase(
-                        kafka, warmer, producer, metrics, rate=load, args=args, phase="yields"
+                        kafka, warmer, producer, metrics, rate=load, args=args, phase="yields", heard=heard
                     )
         finally:
             await producer.stop()
@@ -441,7 +484,9 @@ def _report(
         "Where a phase's time went, from the planner's own histograms over the phase (count, mean and sum of"
         " seconds): its batch writes; a start's way from its sending to the consumer's handler (the fetch and"
         " the event loop's turn) and on to the commit of the batch that counted it; the planning task's queue"
-        " and its work, by trigger type. The rest of a start's latency is the plan's publication and the"
+        " and its work, by trigger type. Beside them, timed by this bench: a start's way to a plain consumer"
+        " of the lifecycle topic (no group, same fetch wait), the broker's own hop and the floor of the"
+        " planner's way to its handler. The rest of a start's latency is the plan's publication and the"
         " warmer's fetch.",
         ["phase", "work", "count", "mean ms", "total s"],
         [

@@ -9,9 +9,12 @@ plan) are decoded first and queued in a lane of their own, which the writer take
 fetch brings up to `batch_max_records` requests beside a start; in one batch, the start waited for all of
 them to decode and commit. (The lane did not shorten a start's way to its commit under load measurably,
 `bench.plan_latency_bench`: most of that way comes before the handler holds the record, which
-`start_delivered_seconds` times: the fetch, and the event loop's turn between the batches this process
-decodes, folds and writes.) The lanes hold different partitions, so taking one before the other reorders
-nothing within a partition, and each batch still commits its own partitions' offsets with its counts.
+`start_delivered_seconds` times, while the broker's own hop stays near 10 ms. aiokafka's fetcher sends no
+fetch to a broker while records it fetched from any partition there wait, unconsumed, less than 0.1 s
+(`prefetch_backoff`, not a consumer setting): under load the requests' records always wait, so a start is
+fetched only once the batches before it are handed out, or after that backoff.) The lanes hold different
+partitions, so taking one before the other reorders nothing within a partition, and each batch still
+commits its own partitions' offsets with its counts.
 
 Exactly-once effects: a batch's counts commit in Postgres together with its partitions' next offsets;
 on assignment the consumer seeks to those offsets (`restore`), so a crash replays nothing that was
