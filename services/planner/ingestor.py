@@ -7,16 +7,16 @@ bounded: a slow database slows the consumer, never grows memory.
 Two lanes: the records of `urgent_topics` (the lifecycle topic: a replica that started waits for its
 plan) are decoded first and queued in a lane of their own, which the writer takes before the other. A
 fetch brings up to `batch_max_records` requests beside a start; in one batch, the start waited for all of
-them to decode and commit. (The lane did not shorten a start's way to its commit under load measurably,
-`bench.plan_latency_bench`: most of that way comes before the handler holds the record, which
-`start_delivered_seconds` times, while the broker's own hop stays near 10 ms. aiokafka's fetcher sends no
-fetch to a broker while records it fetched from any partition there wait, unconsumed, less than 0.1 s
-(`prefetch_backoff`, not a consumer setting): under load the requests' records always wait, so a start is
-fetched only once the batches before it are handed out, or after that backoff. With the backoff at
-nothing the way was shorter, but ingestion lost a third of its throughput to more, smaller fetches; a
-consumer of its own for the lifecycle topic would not touch the requests' fetches.) The lanes hold
-different partitions, so taking one before the other reorders nothing within a partition, and each batch
-still commits its own partitions' offsets with its counts.
+them to decode and commit. The lanes hold different partitions, so taking one before the other reorders
+nothing within a partition, and each batch still commits its own partitions' offsets with its counts.
+
+Under load, most of a start's way to its commit comes before the handler holds it
+(`start_delivered_seconds`; `bench.plan_latency_bench` times the broker's own hop beside it). aiokafka's
+fetcher sends no fetch to a broker while records it fetched from any partition there wait unconsumed for
+less than its `prefetch_backoff` (not a consumer setting): the requests' records always wait, so a start is
+fetched only once the batches before it are handed out, or after that backoff. Lowering the backoff
+shortened the way but cost ingestion throughput (more, smaller fetches); a consumer of its own for the
+lifecycle topic would leave the requests' fetches alone.
 
 Exactly-once effects: a batch's counts commit in Postgres together with its partitions' next offsets;
 on assignment the consumer seeks to those offsets (`restore`), so a crash replays nothing that was

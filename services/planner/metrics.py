@@ -6,6 +6,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from warmplane.shared.process_metrics import register_process_metrics
 
+_START_WAY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+"""Seconds of a replica start's way to the planner, for its stages' histograms alike."""
+
 
 class PlannerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -116,14 +119,14 @@ class PlannerMetrics:
             "warmplane_planner_start_ingested_seconds",
             "Time from a replica.started event (its occurred_at, the producer's clock) to the commit of the"
             " batch that counted it",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            buckets=_START_WAY_BUCKETS,
             registry=registry,
         )
         self.start_delivered_seconds = Histogram(
             "warmplane_planner_start_delivered_seconds",
             "Time from a replica.started event (its occurred_at, the producer's clock) to its decoding in the"
             " consumer's handler: the share of start_ingested_seconds spent before the ingestor held it",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            buckets=_START_WAY_BUCKETS,
             registry=registry,
         )
         self.planning_seconds = Histogram(
