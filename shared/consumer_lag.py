@@ -9,15 +9,16 @@ offset + 1, short of the end whenever the last write was a batch. What was hande
 processed (a planner's writer queue) is not lag here.
 
 `report_lag_forever` samples every `interval_s` outside the consumer's own loop, so the hot path pays
-nothing; each sample replaces the gauge's partitions, so a partition revoked from this consumer stops
-being reported by it (another consumer of the group reports it).
+nothing; each sample replaces the partitions that consumer reported, so a partition revoked from it stops
+being reported by it (another consumer of the group reports it). A service with several consumers (the
+planner's two groups) reports all of them into one gauge: they read different topics.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import IllegalStateError
@@ -68,14 +69,21 @@ class LagGauge:
 
 
 async def report_lag_forever(
-    consumer: Callable[[], AIOKafkaConsumer | None], gauge: Gauge, *, interval_s: float, timeout_s: float
+    consumers: Sequence[Callable[[], AIOKafkaConsumer | None]],
+    gauge: Gauge,
+    *,
+    interval_s: float,
+    timeout_s: float,
 ) -> None:
-    """Sample `consumer()`'s lag into `gauge` every `interval_s` until cancelled; never raises otherwise.
-    A failed sample is logged and leaves the last values."""
-    recorder = LagGauge(gauge)
+    """Sample the lag of each of `consumers` (getters: a consumer exists once its broker started) into
+    `gauge` every `interval_s` until cancelled; never raises otherwise. A failed sample is logged and
+    leaves that consumer's last values."""
+    recorders = [LagGauge(gauge) for _ in consumers]
     while True:
-        current = consumer()
-        if current is not None:
+        for consumer, recorder in zip(consumers, recorders, strict=True):
+            current = consumer()
+            if current is None:
+                continue
             try:
                 recorder.record(await partition_lag(current, timeout_s))
             except Exception as error:

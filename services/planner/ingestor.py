@@ -13,10 +13,10 @@ nothing within a partition, and each batch still commits its own partitions' off
 Under load, most of a start's way to its commit comes before the handler holds it
 (`start_delivered_seconds`; `bench.plan_latency_bench` times the broker's own hop beside it). aiokafka's
 fetcher sends no fetch to a broker while records it fetched from any partition there wait unconsumed for
-less than its `prefetch_backoff` (not a consumer setting): the requests' records always wait, so a start is
-fetched only once the batches before it are handed out, or after that backoff. Lowering the backoff
-shortened the way but cost ingestion throughput (more, smaller fetches); a consumer of its own for the
-lifecycle topic would leave the requests' fetches alone.
+less than its `prefetch_backoff` (not a consumer setting): the requests' records always wait, so a start
+read by the same consumer is fetched only once the batches before it are handed out, or after that
+backoff. Lowering the backoff shortened the way but cost ingestion throughput (more, smaller fetches), so
+the planner reads the lifecycle topic with a consumer of its own (`app.py`), which submits here too.
 
 Exactly-once effects: a batch's counts commit in Postgres together with its partitions' next offsets;
 on assignment the consumer seeks to those offsets (`restore`), so a crash replays nothing that was

@@ -20,7 +20,8 @@ class IngestSettings(BaseModel):
     """How the planner consumes and folds events."""
 
     group_id: str = Field("warmplane-planner", min_length=1)
-    """Planners in one group share the partitions."""
+    """Planners in one group share the partitions. The lifecycle topic is read in a group of its own,
+    `<group_id>-lifecycle`, so a replica's start is not fetched behind request batches."""
     batch_max_records: Positive = 30_000
     """Events a batch holds at most: one transaction each. Under load, fewer and larger transactions
     leave more of the planner's CPU to decoding (bench/ingest_bench.py: 30,000 with two queued against

@@ -128,7 +128,7 @@ class Warmer:
             self._spawn(
                 "lag",
                 report_lag_forever(
-                    lambda: consumer,
+                    [lambda: consumer],
                     self.metrics.consumer_lag,
                     interval_s=kafka.lag_interval_s,
                     timeout_s=kafka.request_timeout_ms / 1000,

@@ -115,6 +115,12 @@ async def test_the_planner_keeps_each_replicas_newest_report_once(planner_settin
             )
             assert await stored(db, "r-a") == as_row(newer, 4)
             assert planner.metrics.duplicates._value.get() >= 1
+            # The start is read by the lifecycle topic's consumer, which may join after the reports'.
+            await poll_until(
+                lambda: _ingested(planner.metrics.events_ingested("replica.started"), 1),
+                timeout_s=_TIMEOUT_S,
+                what="the start ingested",
+            )
         ledger = {
             event_id.int for (packed,) in await db.fetch("SELECT event_ids FROM ingest_ledger")
             for event_id in unpack_ids(packed)

@@ -52,7 +52,9 @@ async def test_the_gauge_rises_while_a_consumer_is_behind_and_returns_to_zero(
     )
     await consumer.start()
     gauge = Gauge("lag", "lag", ["topic", "partition"], registry=CollectorRegistry())
-    reporter = asyncio.create_task(report_lag_forever(lambda: consumer, gauge, interval_s=0.05, timeout_s=5))
+    reporter = asyncio.create_task(
+        report_lag_forever([lambda: consumer], gauge, interval_s=0.05, timeout_s=5)
+    )
     try:
 
         async def reported(expected: dict[tuple[str, str], float]) -> bool:
