@@ -59,7 +59,7 @@ def request(
 
 
 def fold(events: list[Event]) -> IngestBatch:
-    return fold_events(events, stored_nodes=set())
+    return fold_events(events, stored_nodes={})
 
 
 def a_slice(

@@ -502,7 +502,7 @@ class Ingestor:
 
     def _fold(self, events: list[Event]) -> IngestBatch:
         self._nodes.forget_expired(self._clock())
-        return fold_events(events, stored_nodes=self._nodes)
+        return fold_events(events, stored_nodes=self._nodes.by_scope)
 
 
 def _said(exc: BaseException) -> str:

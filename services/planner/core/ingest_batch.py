@@ -13,7 +13,7 @@ dictionary of counters per key here cost 1.6 us an event: bench/ingest_bench.py)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Set
+from collections.abc import Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -38,6 +38,9 @@ Scope = tuple[str, str, str]
 """(tenant, model name, prompt revision): what prefix ids are namespaced by."""
 ScopedPrefix = tuple[Scope, int]
 """A prefix id in its scope, as ingestion folds them (the store keys them by scope id: `NodeKey`)."""
+StoredNodes = Mapping[Scope, Set[int]]
+"""Chain nodes known to be stored, as prefix ids by scope (`node_cache.NodeCache.by_scope`)."""
+_NONE_STORED: Set[int] = frozenset()
 FLEET_TYPES = (DeployStarted, DeployFinished, FleetScaled, EpochBumped, ReplicaRewarmRequested)
 _timestamp = datetime.timestamp
 
@@ -118,8 +121,8 @@ class IngestBatch:
     misses: MissColumns = field(default_factory=MissColumns)
     paths: dict[ScopedPrefix, ChainPath] = field(default_factory=dict)
     """New chain ends, keyed by their leaf."""
-    new_nodes: set[ScopedPrefix] = field(default_factory=set)
-    """Every prefix the paths add: once they commit, known to be stored."""
+    new_nodes: dict[Scope, set[int]] = field(default_factory=dict)
+    """Every prefix the paths add, by scope: once they commit, known to be stored."""
     catalog: dict[ScopedPrefix, CatalogEntry] = field(default_factory=dict)
     replica_events: list[ReplicaEvent] = field(default_factory=list)
     fleet_changes: list[Event] = field(default_factory=list)
@@ -154,7 +157,7 @@ class IngestBatch:
         return found
 
 
-def fold_events(events: Iterable[Event], *, stored_nodes: Set[ScopedPrefix]) -> IngestBatch:
+def fold_events(events: Iterable[Event], *, stored_nodes: StoredNodes) -> IngestBatch:
     """Fold `events` into one batch.
 
     `stored_nodes` holds chain nodes already known to be in the database, whose edges need not be
@@ -210,7 +213,7 @@ def newer_report(a: ReplicaResidency, b: ReplicaResidency) -> ReplicaResidency:
     return a if (a.occurred_at, a.event_id) >= (b.occurred_at, b.event_id) else b
 
 
-def _fold_requests(batch: IngestBatch, events: list[RequestObserved], stored: Set[ScopedPrefix]) -> None:
+def _fold_requests(batch: IngestBatch, events: list[RequestObserved], stored: StoredNodes) -> None:
     columns = batch.requests
     scopes = columns.scopes = [(e.tenant, e.model.name, e.prompt_rev) for e in events]
     leaves = columns.leaves = [e.chain[-1] for e in events]
@@ -219,13 +222,17 @@ def _fold_requests(batch: IngestBatch, events: list[RequestObserved], stored: Se
     columns.prompt_tokens = [e.prompt_tokens for e in events]
     columns.cached_tokens = [e.cached_tokens for e in events]
     columns.ttft_ms = [e.ttft_ms for e in events]
-    unknown = set(zip(scopes, leaves, strict=True)).difference(stored)
-    if unknown:
-        # Each unknown leaf's first request, in batch order: the first to carry a node records it.
-        keys = list(zip(scopes, leaves, strict=True))
-        first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1), strict=True))
-        for index in sorted(first[key] for key in unknown):
-            _add_path(batch, events[index], scopes[index], stored)
+    new_nodes = batch.new_nodes
+    # In batch order: the first request to carry an unknown node records it, and later ones find it new.
+    for event, scope, leaf in zip(events, scopes, leaves, strict=True):
+        known = stored.get(scope, _NONE_STORED)
+        new = new_nodes.get(scope)
+        if new is None:
+            new = new_nodes[scope] = set()
+        if leaf not in known and leaf not in new:
+            _add_path(batch, event, scope, known, new)
+    for scope in [scope for scope, new in new_nodes.items() if not new]:
+        del new_nodes[scope]
     payloads = [e.payload for e in events]
     if payloads.count(None) < len(payloads):
         for event, scope, payload in zip(events, scopes, payloads, strict=True):
@@ -235,20 +242,25 @@ def _fold_requests(batch: IngestBatch, events: list[RequestObserved], stored: Se
                 batch.catalog[(scope, payload.prefix_id)] = CatalogEntry(payload, tokens, event.occurred_at)
 
 
-def _add_path(batch: IngestBatch, event: RequestObserved, scope: Scope, stored: Set[ScopedPrefix]) -> None:
-    """The chain's new end below its deepest node known stored (or added by this batch), if any."""
+def _add_path(
+    batch: IngestBatch, event: RequestObserved, scope: Scope, known: Set[int], new: set[int]
+) -> None:
+    """The chain's new end below its deepest node known stored (`known`) or added by this batch (`new`),
+    of `scope`; the caller checked that its leaf is neither."""
     # Walk from the leaf up: once a node is known to be stored (or added here), so are its ancestors.
-    new_nodes = batch.new_nodes
-    chain, tokens = event.chain, event.chain_tokens
-    known = len(chain) - 1
-    while known >= 0 and (node := (scope, chain[known])) not in stored and node not in new_nodes:
-        known -= 1
-    if known < len(chain) - 1:
-        fresh = chain[known + 1 :]
-        batch.paths[(scope, chain[-1])] = ChainPath(
-            chain[known] if known >= 0 else None, known + 1, fresh, tokens[known + 1 :], event.occurred_at
-        )
-        new_nodes.update((scope, prefix) for prefix in fresh)
+    chain = event.chain
+    depth = len(chain) - 2
+    while depth >= 0 and (node := chain[depth]) not in known and node not in new:
+        depth -= 1
+    fresh = chain[depth + 1 :]
+    batch.paths[(scope, chain[-1])] = ChainPath(
+        chain[depth] if depth >= 0 else None,
+        depth + 1,
+        fresh,
+        event.chain_tokens[depth + 1 :],
+        event.occurred_at,
+    )
+    new.update(fresh)
 
 
 def _fold_misses(columns: MissColumns, events: list[PrefixMissed]) -> None:

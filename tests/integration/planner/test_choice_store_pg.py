@@ -22,7 +22,7 @@ async def test_the_postgres_choice_store(behaviour: str, migrated_database: str)
     ingest = PgIngestStore(pool, "planner", BUCKET_SECONDS)
 
     async def write(events: list[Event]) -> None:
-        await ingest.write([], fold_events(events, stored_nodes=set()))
+        await ingest.write([], fold_events(events, stored_nodes={}))
 
     try:
         await BEHAVIOURS[behaviour](ChoiceWorld(PgPlanStore(pool), write))

@@ -159,7 +159,7 @@ async def test_counters_are_sums_per_scope_prefix_and_bucket_across_batches(
     events: list[Event] = []
     for _ in range(4):  # later batches add to the rows earlier ones made
         batch_events: list[Event] = [random_event(rng) for _ in range(250)]
-        batch = fold_events(batch_events, stored_nodes=nodes)
+        batch = fold_events(batch_events, stored_nodes=nodes.by_scope)
         await store.write([], batch)
         nodes.add_all(batch.new_nodes, now=0.0)
         events += batch_events
@@ -194,6 +194,6 @@ async def test_buckets_are_occurred_at_seconds_floor_divided_by_the_width(pool: 
         )
         for seconds in (119.999, 120.0, 179.5, 180.0, 1_764_417_659.999_999)
     ]
-    await PgIngestStore(pool, "g", 60).write([], fold_events(events, stored_nodes=set()))
+    await PgIngestStore(pool, "g", 60).write([], fold_events(events, stored_nodes={}))
     rows = await pool.fetch("SELECT bucket, requests FROM prefix_stats ORDER BY bucket")
     assert [tuple(row) for row in rows] == [(1, 1), (2, 2), (3, 1), (29_406_960, 1)]

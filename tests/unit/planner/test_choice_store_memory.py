@@ -18,6 +18,6 @@ async def test_the_memory_choice_store(behaviour: str) -> None:
     ingest = MemoryIngest(bucket_seconds=BUCKET_SECONDS)
 
     async def write(events: list[Event]) -> None:
-        await ingest.write([], fold_events(events, stored_nodes=set()))
+        await ingest.write([], fold_events(events, stored_nodes={}))
 
     await BEHAVIOURS[behaviour](ChoiceWorld(ingest.plans, write))

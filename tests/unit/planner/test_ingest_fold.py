@@ -102,7 +102,7 @@ def scope_of(event: RequestObserved | PrefixMissed) -> Scope:
 def test_requests_become_one_column_entry_each_in_order(events: list[RequestObserved]) -> None:
     """Postgres sums the columns (tests/integration/planner/test_ingest_sums.py): each request is there
     once."""
-    batch = fold_events(events, stored_nodes=set())
+    batch = fold_events(events, stored_nodes={})
 
     columns = batch.requests
     assert list(
@@ -149,6 +149,14 @@ def _request_at(at: datetime, **changes: object) -> RequestObserved:
     return RequestObserved(**fields)  # type: ignore[arg-type]
 
 
+def by_scope(nodes: set[ScopedPrefix]) -> dict[Scope, set[int]]:
+    """`nodes` as a fold reads stored nodes: prefix ids by scope."""
+    found: dict[Scope, set[int]] = {}
+    for scope, prefix in nodes:
+        found.setdefault(scope, set()).add(prefix)
+    return found
+
+
 def expected_edges(
     events: Sequence[RequestObserved], stored: set[ScopedPrefix]
 ) -> dict[ScopedPrefix, ChainEdge]:
@@ -176,11 +184,11 @@ def test_edges_have_right_parents_and_skip_stored_nodes_and_their_ancestors(
     every_node = sorted({(scope_of(e), prefix_id) for e in events for prefix_id in e.chain})
     stored = data.draw(st.sets(st.sampled_from(every_node)), label="stored")
 
-    batch = fold_events(events, stored_nodes=stored)
+    batch = fold_events(events, stored_nodes=by_scope(stored))
 
     assert batch.edges() == expected_edges(events, stored)
     assert not batch.edges().keys() & stored
-    assert batch.new_nodes == batch.edges().keys()
+    assert {(scope, p) for scope, new in batch.new_nodes.items() for p in new} == batch.edges().keys()
     parents = {
         (scope_of(e), p): (e.chain[d - 1] if d else None) for e in events for d, p in enumerate(e.chain)
     }
@@ -191,12 +199,12 @@ def test_edges_of_a_fresh_chain_run_from_its_root() -> None:
     scope = ("acme", MODEL.name, "")
     chain, tokens = chain_of(scope, [b"a", b"b", b"c"])
     event = _request_at(BASE, chain=chain, chain_tokens=tokens, prompt_tokens=tokens[-1])
-    batch = fold_events([event], stored_nodes={(scope, chain[0])})
+    batch = fold_events([event], stored_nodes={scope: {chain[0]}})
     assert batch.edges() == {
         (scope, chain[1]): ChainEdge(chain[0], 1, 3, BASE),
         (scope, chain[2]): ChainEdge(chain[1], 2, 8, BASE),
     }
-    root_too = fold_events([event], stored_nodes=set())
+    root_too = fold_events([event], stored_nodes={})
     assert root_too.edges()[(scope, chain[0])] == ChainEdge(None, 0, 1, BASE)
     # One row for the request's whole new chain end, not one per prefix.
     assert list(root_too.paths.values()) == [ChainPath(None, 0, chain, tokens, BASE)]
@@ -207,14 +215,14 @@ def test_a_payload_is_catalogued_with_the_tokens_of_its_prefix() -> None:
     chain, tokens = chain_of(scope, [b"a", b"b", b"c"])
     payload = PrefixPayload(prefix_id=chain[1], messages=[{"role": "system", "content": "hi"}])
     event = _request_at(BASE, chain=chain, chain_tokens=tokens, prompt_tokens=9, payload=payload)
-    entry = fold_events([event], stored_nodes=set()).catalog[(scope, chain[1])]
+    entry = fold_events([event], stored_nodes={}).catalog[(scope, chain[1])]
     assert (entry.payload, entry.tokens, entry.seen_at) == (payload, 3, BASE)
 
 
 @settings(max_examples=200)
 @given(st.lists(misses(), max_size=30))
 def test_misses_are_keyed_by_the_first_non_resident_element(events: list[PrefixMissed]) -> None:
-    batch = fold_events(events, stored_nodes=set())
+    batch = fold_events(events, stored_nodes={})
 
     columns = batch.misses
     assert list(
@@ -238,7 +246,7 @@ def test_a_miss_example() -> None:
         event_id=uuid.uuid4(), occurred_at=BASE, producer="t", tenant="acme", model=MODEL, replica="r",
         chain=chain, chain_tokens=tokens, resident_depth=1, cached_tokens=1,
     )  # fmt: skip
-    columns = fold_events([miss], stored_nodes=set()).misses
+    columns = fold_events([miss], stored_nodes={}).misses
     assert (columns.scopes, columns.prefixes, columns.missed_tokens) == ([scope], [chain[1]], [7])
 
 
@@ -255,7 +263,7 @@ def test_other_events_are_routed_or_ignored() -> None:
         event_id=uuid.uuid4(), occurred_at=BASE, producer="p", model=MODEL, plan_id=uuid.uuid4(), replica="r",
         node="n", epoch=0, items=[], budget_tokens=1, deadline=BASE,
     )  # fmt: skip
-    batch = fold_events([ready, deploy, progress, plan], stored_nodes=set())
+    batch = fold_events([ready, deploy, progress, plan], stored_nodes={})
     assert batch.replica_events == [ready]
     assert batch.fleet_changes == [deploy]
     assert batch.plan_results == [progress]
@@ -274,7 +282,7 @@ def _report(replica: str, seconds: int, event_id: int) -> ReplicaResidency:
 @given(st.permutations([("r", 1, 10), ("r", 3, 5), ("r", 3, 7), ("r", 2, 99), ("s", 0, 1)]))
 def test_a_batch_keeps_each_replicas_newest_report_in_any_order(order: list[tuple[str, int, int]]) -> None:
     """Later `occurred_at` first, then the larger event id: the same report stands whatever the order."""
-    batch = fold_events([_report(*fields) for fields in order], stored_nodes=set())
+    batch = fold_events([_report(*fields) for fields in order], stored_nodes={})
     assert {r: (e.occurred_at, e.event_id.int) for r, e in batch.residency.items()} == {
         "r": (BASE + timedelta(seconds=3), 7),
         "s": (BASE, 1),
@@ -293,9 +301,8 @@ def test_node_cache_stays_bounded_and_remembers_what_fits(capacity: int, batches
     cache = NodeCache(capacity)
     remembered: set[ScopedPrefix] = set()
     for numbers in batches:
-        nodes: list[ScopedPrefix] = [(("acme", "m", ""), n) for n in numbers]
-        cache.add_all(nodes, now=0.0)
-        remembered |= set(nodes)
+        cache.add_all({("acme", "m", ""): numbers}, now=0.0)
+        remembered |= {(("acme", "m", ""), n) for n in numbers}
         if len(remembered) > capacity:  # the model of the cache: emptied whole when it overflows
             remembered = set()
         assert len(cache) <= capacity
@@ -304,7 +311,7 @@ def test_node_cache_stays_bounded_and_remembers_what_fits(capacity: int, batches
 
 def test_node_cache_empties_when_it_overflows() -> None:
     cache = NodeCache(10)
-    cache.add_all(((("acme", "m", ""), n) for n in range(10)), now=0.0)
+    cache.add_all({("acme", "m", ""): range(10)}, now=0.0)
     assert (("acme", "m", ""), 0) in cache
-    cache.add_all([(("acme", "m", ""), 10)], now=0.0)
+    cache.add_all({("acme", "m", ""): [10]}, now=0.0)
     assert len(cache) == 0

@@ -155,7 +155,7 @@ async def test_putting_back_never_raises() -> None:
 
 def test_a_batch_keeps_each_replicas_newest_heartbeat() -> None:
     beats = [beat("a", NOW), beat("a", NOW + timedelta(seconds=10)), beat("b", NOW), beat("a", NOW)]
-    batch = fold_events(beats, stored_nodes=set())
+    batch = fold_events(beats, stored_nodes={})
     assert {name: b.occurred_at for name, b in batch.heartbeats.items()} == {
         "a": NOW + timedelta(seconds=10),
         "b": NOW,

@@ -9,14 +9,18 @@ import pytest
 
 from tests.unit.planner.ingestor_fakes import Consumer, request_record, started_ingestor
 from tests.unit.planner.memory_ingest import MemoryIngest
-from warmplane.services.planner.core.ingest_batch import ScopedPrefix
+from warmplane.services.planner.core.ingest_batch import Scope, ScopedPrefix
 from warmplane.services.planner.core.node_cache import NodeCache
 
 SCOPE = ("acme", "m", "")
 
 
-def nodes(*numbers: int) -> list[ScopedPrefix]:
-    return [(SCOPE, n) for n in numbers]
+def nodes(*numbers: int) -> dict[Scope, list[int]]:
+    return {SCOPE: list(numbers)}
+
+
+def held(*numbers: int) -> set[ScopedPrefix]:
+    return {(SCOPE, n) for n in numbers}
 
 
 def test_the_cache_forgets_everything_once_its_oldest_node_is_older_than_the_bound() -> None:
@@ -24,7 +28,7 @@ def test_the_cache_forgets_everything_once_its_oldest_node_is_older_than_the_bou
     cache.add_all(nodes(1, 2), now=100.0)
     cache.add_all(nodes(3), now=3000.0)
     cache.forget_expired(3700.0)  # the oldest exactly 3600 s old: still trusted
-    assert set(cache) == set(nodes(1, 2, 3))
+    assert set(cache) == held(1, 2, 3)
     cache.forget_expired(3700.5)  # the younger node goes with the oldest: emptied whole
     assert len(cache) == 0
 
@@ -33,19 +37,19 @@ def test_the_age_counts_from_the_first_node_remembered_after_the_cache_was_empti
     cache = NodeCache(max_age_s=10)
     cache.add_all(nodes(1), now=0.0)
     cache.add_all(nodes(2), now=15.0)  # the old contents go before the new are remembered
-    assert set(cache) == set(nodes(2))
+    assert set(cache) == held(2)
     cache.forget_expired(25.0)
-    assert set(cache) == set(nodes(2))
+    assert set(cache) == held(2)
     cache.forget_expired(25.5)
     assert len(cache) == 0
 
 
 def test_an_empty_batch_starts_no_clock() -> None:
     cache = NodeCache(max_age_s=10)
-    cache.add_all([], now=0.0)
+    cache.add_all({}, now=0.0)
     cache.add_all(nodes(1), now=8.0)
     cache.forget_expired(17.0)
-    assert set(cache) == set(nodes(1))
+    assert set(cache) == held(1)
 
 
 def test_overflow_restarts_the_clock() -> None:
@@ -54,7 +58,7 @@ def test_overflow_restarts_the_clock() -> None:
     cache.add_all(nodes(3), now=9.0)  # overflows: emptied
     cache.add_all(nodes(4), now=12.0)
     cache.forget_expired(21.0)
-    assert set(cache) == set(nodes(4))
+    assert set(cache) == held(4)
 
 
 def test_the_cache_refuses_an_age_bound_that_is_not_positive() -> None:
