@@ -102,7 +102,8 @@ def _security(security: KafkaSecurity) -> BaseSecurity | None:
 
 
 def planner_topics(topics: Topics) -> tuple[str, ...]:
-    """The topics the planner's one consumer group reads: traffic, lifecycle, heartbeats, warm results."""
+    """The topics the planner reads: traffic, lifecycle, heartbeats, warm results (the lifecycle topic in a
+    consumer group of its own, `build_planner`)."""
     return (topics.requests, topics.misses, topics.lifecycle, topics.heartbeats, topics.warm_results)
 
 
