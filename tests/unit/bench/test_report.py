@@ -182,6 +182,7 @@ def test_the_registry_holds_every_kept_bench_once_and_each_module_exists() -> No
         "result_layers",
         "ingest_chat",
         "store_eval",
+        "fold",
     }
     assert set(names) == kept
     for bench in BENCHES:
