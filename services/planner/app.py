@@ -180,8 +180,8 @@ def build_planner(settings: PlannerSettings) -> Planner:
 
 _LIFECYCLE_POLL_MS = 10
 """The lifecycle consumer's poll: faststream's batch subscriber sleeps this long after a poll that found
-nothing, so at the traffic's 100 ms (`batch_timeout_ms`) an idle planner's start waited 54 ms on average
-before its handler (`bench.plan_latency_bench`), against a broker hop of 9 ms."""
+nothing, so at the traffic's `batch_timeout_ms` an idle planner's start waited for most of that sleep
+before its handler, several times the broker's own hop (`bench.plan_latency_bench` times both)."""
 
 
 def lifecycle_group(group_id: str) -> str:

@@ -33,8 +33,8 @@ class NodeCache:
     the nearest node still remembered), never a wrong count.
 
     Held as a set of prefix ids per scope (`by_scope`, what a fold reads): the fold's walk up a chain then
-    tests plain ints in C, where a (scope, prefix) tuple was built and hashed for every node it passed
-    (`python -m bench.fold_bench`, chat shape: the fold took 22.5 us an event with tuples, 9.4 with ints).
+    tests plain ints in C, where a (scope, prefix) tuple was built and hashed for every node it passed:
+    on chat-shaped traffic that was most of the fold (`python -m bench.fold_bench` measures it).
 
     Times are seconds on one monotonic clock, handed in by the caller (`now`)."""
 
