@@ -216,14 +216,14 @@ def _subscribe(
         heartbeat_interval_ms=kafka.heartbeat_interval_ms,
         parser=_parse_first_record_only,
         decoder=_leave_undecoded,
-        listener=_Rebalance(ingestor, lambda: subscriber.consumer),
+        listener=_Rebalance(ingestor, group_id, lambda: subscriber.consumer),
     )
 
     @subscriber
     async def on_batch(msg: KafkaMessage) -> None:
         records = msg.raw_message if isinstance(msg.raw_message, tuple) else (msg.raw_message,)
         consumer: AIOKafkaConsumer = msg.consumer
-        await ingestor.submit(records, KafkaConsumerPort(consumer, kafka.commit_timeout_s))
+        await ingestor.submit(records, KafkaConsumerPort(consumer, group_id, kafka.commit_timeout_s))
 
     return subscriber
 
@@ -299,8 +299,9 @@ async def _leave_undecoded(msg: StreamMessage[Any]) -> None:
 class KafkaConsumerPort:
     """The writer's view of the faststream-owned consumer: bounded commits, seeks, ownership."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, timeout_s: float) -> None:
+    def __init__(self, consumer: AIOKafkaConsumer, group: str, timeout_s: float) -> None:
         self._consumer = consumer
+        self.group = group
         self._timeout_s = timeout_s
 
     async def commit(self, offsets: Offsets) -> None:
@@ -322,13 +323,16 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     """Resume each assigned partition where Postgres says this group stands; finish writing what was
     read from revoked partitions before another consumer takes them."""
 
-    def __init__(self, ingestor: Ingestor, consumer: Callable[[], AIOKafkaConsumer | None]) -> None:
+    def __init__(
+        self, ingestor: Ingestor, group: str, consumer: Callable[[], AIOKafkaConsumer | None]
+    ) -> None:
         self._ingestor = ingestor
+        self._group = group
         self._consumer = consumer
         """The subscriber's consumer, which exists once the broker started."""
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self._ingestor.flush()
+        await self._ingestor.flush(self._group)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         consumer = self._consumer()

@@ -111,6 +111,11 @@ class IngestStore(Protocol):
 class ConsumerPort(Protocol):
     """What the writer needs of the consumer: commit, and rewind a partition after a fence."""
 
+    @property
+    def group(self) -> str:
+        """The consumer's group: `flush` skips the broker commits of the group being rebalanced only."""
+        ...
+
     async def commit(self, offsets: Offsets) -> None: ...
     def seek(self, partition: Partition, offset: int) -> None: ...
     def owns(self, partition: Partition) -> bool: ...
@@ -162,7 +167,9 @@ class Ingestor:
         self._restoring: dict[Partition, asyncio.Future[None]] = {}
         self._submitted: Offsets = {}
         """Per partition, the next offset after the last batch submitted to the writer."""
-        self._broker_commits = True
+        self._revoking: set[str] = set()
+        """Groups whose partitions are being revoked (`flush`): their broker commits are skipped."""
+        self._draining = False
         self._urgent_topics = frozenset(urgent_topics)
         self._queue: asyncio.PriorityQueue[tuple[int, int, _Work | None]] = asyncio.PriorityQueue()
         """(lane, sequence, work): the urgent lane's first, then the other's, each in order; the stop
@@ -364,24 +371,27 @@ class Ingestor:
             return None
         return f"payload of {size} bytes exceeds catalog_max_payload_bytes={self._max_payload_bytes}"
 
-    async def flush(self) -> None:
+    async def flush(self, revoking: str | None = None) -> None:
         """Return once everything submitted so far is written (or failed).
 
-        Called when partitions are revoked: the consumer is leaving or rebalancing, so the broker's
-        copy of the offsets is skipped meanwhile (each commit may wait out its timeout against a
-        consumer that is stopping; Postgres holds the positions the next owner resumes from).
+        Called when the partitions of the consumer group `revoking` are revoked: its consumer is leaving
+        or rebalancing, so that group's copy of the offsets on the broker is skipped meanwhile (each
+        commit may wait out its timeout against a consumer that is stopping; Postgres holds the positions
+        the next owner resumes from). The other group's batches, written meanwhile, commit as ever: a
+        partition that gets no further record would otherwise keep a stale broker offset, seen as lag.
         """
-        self._broker_commits = False
+        if revoking is not None:
+            self._revoking.add(revoking)
         try:
             await self._unless_writer_stops(self._queue.join())
         finally:
-            self._broker_commits = True
+            self._revoking.discard(revoking or "")
 
     async def drain(self) -> None:
         """Write everything queued and stop the writer task; the broker's offsets are not updated."""
         if self._task is None:
             return
-        self._broker_commits = False
+        self._draining = True
         await self._unless_writer_stops(self._queue.put((_STOP, next(self._sequence), None)))
         task, self._task = self._task, None
         await asyncio.gather(task, return_exceptions=True)  # a writer that failed has logged why
@@ -441,7 +451,7 @@ class Ingestor:
             self._metrics.events.labels(type=event_type(kind)).inc(count)
         if (batch.has_records or batch.requests.leaves) and self._after_commit:
             await self._after_commit(batch)
-        if not self._broker_commits:
+        if self._draining or work.consumer.group in self._revoking:
             return
         try:
             await work.consumer.commit({p: s.last_offset + 1 for p, s in work.slices.items()})

@@ -35,6 +35,8 @@ class NoLetters:
 
 
 class Consumer:
+    group = "g"
+
     async def commit(self, offsets: Offsets) -> None:
         return None
 
