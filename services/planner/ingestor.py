@@ -1,14 +1,16 @@
 """The ingestion pipeline: decode a fetched batch, dead-letter what does not decode, write the rest.
 
-Decoding and de-duplication run in the consumer's handler; the database write runs in one writer
-task, so the next batch decodes while Postgres applies the previous one. The queue between them is
-bounded: a slow database slows the consumer, never grows memory.
+Decoding and de-duplication run in the consumer's handler; the database write runs in a writer task,
+so the next batch decodes while Postgres applies the previous one. The queue between them is bounded: a
+slow database slows the consumer, never grows memory.
 
-Two lanes: the records of `urgent_topics` (the lifecycle topic: a replica that started waits for its
-plan) are decoded first and queued in a lane of their own, which the writer takes before the other. A
-fetch brings up to `batch_max_records` requests beside a start; in one batch, the start waited for all of
-them to decode and commit. The lanes hold different partitions, so taking one before the other reorders
-nothing within a partition, and each batch still commits its own partitions' offsets with its counts.
+Two lanes, each a queue and a writer of its own: the records of `urgent_topics` (the lifecycle topic: a
+replica that started waits for its plan) are decoded first and written beside the other lane's batch, on
+a connection of their own. With one writer, a start waited for the request batch being written (tens of
+milliseconds under load); in one batch, for all of them to decode and commit. The lanes hold different
+partitions, so their order reorders nothing within a partition, and each batch commits its own
+partitions' offsets with its counts. Two batches in flight at once are what two planners' are: a
+deadlock between them is retried (`PgIngestStore.write`).
 
 Under load, most of a start's way to its commit comes before the handler holds it
 (`start_delivered_seconds`; `bench.plan_latency_bench` times the broker's own hop beside it). aiokafka's
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
 import uuid
@@ -78,8 +79,8 @@ _UNREACHABLE = (
 )
 """What a batch write raises while Postgres cannot be reached or is shutting down or starting up; any
 other error stops the writer at once."""
-_URGENT, _BULK, _STOP = 0, 1, 2
-"""The writer's lanes, taken in this order (module doc)."""
+_URGENT, _BULK = 0, 1
+"""The lanes' places in `Ingestor._lanes` (module doc)."""
 _RETRY_FIRST_S = 0.2
 _RETRY_MAX_S = 5.0
 Partition = tuple[str, int]
@@ -131,8 +132,21 @@ class _Work:
     duplicates: int = 0
 
 
+@dataclass(slots=True)
+class _Lane:
+    """A lane: its bounded queue of works (None: stop) and the writer task that takes them in order."""
+
+    name: str
+    depth: int
+    queue: asyncio.Queue[_Work | None] = field(init=False)
+    task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        self.queue = asyncio.Queue(self.depth)
+
+
 class Ingestor:
-    """Owns the writer task and the per-partition windows. `submit` from the consumer's handler,
+    """Owns the writer tasks and the per-partition windows. `submit` from the consumer's handler,
     `restore` when partitions are assigned, `flush` when they are revoked, `drain` at shutdown."""
 
     def __init__(
@@ -171,14 +185,8 @@ class Ingestor:
         """Groups whose partitions are being revoked (`flush`): their broker commits are skipped."""
         self._draining = False
         self._urgent_topics = frozenset(urgent_topics)
-        self._queue: asyncio.PriorityQueue[tuple[int, int, _Work | None]] = asyncio.PriorityQueue()
-        """(lane, sequence, work): the urgent lane's first, then the other's, each in order; the stop
-        marker last. Each lane holds `queue_depth` works at most (`_room`)."""
-        self._room = {lane: asyncio.Semaphore(queue_depth) for lane in (_URGENT, _BULK)}
-        self._sequence = itertools.count()
-        self._urgent_queued = 0
-        """Works in the urgent lane not yet taken."""
-        self._task: asyncio.Task[None] | None = None
+        self._lanes = (_Lane("urgent", queue_depth), _Lane("bulk", queue_depth))
+        """Each lane's queue (at most `queue_depth` works waiting, then the stop marker) and writer task."""
         self._failure: BaseException | None = None
         self._db_outage_s = db_outage_s
         self._on_failure = on_failure
@@ -192,8 +200,10 @@ class Ingestor:
         """Seconds, monotonic: how old the node cache's contents are."""
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="planner-writer")
+        urgent, bulk = self._lanes
+        for lane, before in ((urgent, None), (bulk, self._before_batch)):
+            if lane.task is None:
+                lane.task = asyncio.create_task(self._run(lane, before), name=f"planner-writer-{lane.name}")
 
     async def restore(self, partitions: Sequence[Partition]) -> Offsets:
         """Load the stored positions and recent ids of newly assigned `partitions`; return where the
@@ -234,13 +244,13 @@ class Ingestor:
         if urgent:
             work = await self._decoded(urgent, consumer)
             self._time_deliveries(work.events)
-            await self._put(_URGENT, work)
+            await self._lanes[_URGENT].queue.put(work)
             runs = [(partition, run) for partition, run in runs if partition[0] not in self._urgent_topics]
             if not runs:
                 return
         if self._before_batch is not None:
             await self._before_batch()
-        await self._put(_BULK, await self._decoded(runs, consumer))
+        await self._lanes[_BULK].queue.put(await self._decoded(runs, consumer))
 
     def _time_deliveries(self, events: Sequence[Event]) -> None:
         """How long each replica start took from its producer to this handler (`start_delivered_seconds`)."""
@@ -250,12 +260,6 @@ class Ingestor:
                 self._metrics.start_delivered_seconds.observe(
                     max(0.0, (now - event.occurred_at).total_seconds())
                 )
-
-    async def _put(self, lane: int, work: _Work) -> None:
-        await self._room[lane].acquire()
-        if lane == _URGENT:
-            self._urgent_queued += 1
-        self._queue.put_nowait((lane, next(self._sequence), work))
 
     async def _decoded(
         self, runs: Sequence[tuple[Partition, list[RawRecord]]], consumer: ConsumerPort
@@ -383,46 +387,44 @@ class Ingestor:
         if revoking is not None:
             self._revoking.add(revoking)
         try:
-            await self._unless_writer_stops(self._queue.join())
+            for lane in self._lanes:
+                await self._unless_writer_stops(lane, lane.queue.join())
         finally:
             self._revoking.discard(revoking or "")
 
     async def drain(self) -> None:
-        """Write everything queued and stop the writer task; the broker's offsets are not updated."""
-        if self._task is None:
-            return
+        """Write everything queued and stop the writer tasks; the broker's offsets are not updated."""
         self._draining = True
-        await self._unless_writer_stops(self._queue.put((_STOP, next(self._sequence), None)))
-        task, self._task = self._task, None
-        await asyncio.gather(task, return_exceptions=True)  # a writer that failed has logged why
+        for lane in self._lanes:
+            if lane.task is not None:
+                await self._unless_writer_stops(lane, lane.queue.put(None))
+        for lane in self._lanes:
+            task, lane.task = lane.task, None
+            if task is not None:
+                await asyncio.gather(task, return_exceptions=True)  # a writer that failed has logged why
 
-    async def _unless_writer_stops(self, waiting: Coroutine[object, object, None]) -> None:
-        """Await `waiting`, unless the writer task ends first: a dead writer empties no queue, and
+    async def _unless_writer_stops(self, lane: _Lane, waiting: Coroutine[object, object, None]) -> None:
+        """Await `waiting`, unless `lane`'s writer task ends first: a dead writer empties no queue, and
         waiting on it would hang shutdown (seen: a writer killed by a database error)."""
         pending = asyncio.ensure_future(waiting)
-        if self._task is None:
+        if lane.task is None:
             await pending
             return
-        await asyncio.wait([pending, self._task], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([pending, lane.task], return_when=asyncio.FIRST_COMPLETED)
         if not pending.done():
             pending.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pending
 
-    async def _run(self) -> None:
+    async def _run(self, lane: _Lane, before: Callable[[], Awaitable[object]] | None) -> None:
+        """`lane`'s writer: its works in order, each after `before` (the bulk lane's pause for planning)."""
         while True:
-            lane, sequence, work = await self._queue.get()
+            work = await lane.queue.get()
             try:
                 if work is None:
                     return
-                if lane == _URGENT:
-                    self._urgent_queued -= 1
-                elif self._before_batch is not None:
-                    await self._before_batch()
-                    if self._urgent_queued:  # came while it paused: it goes first, this keeps its place
-                        self._queue.put_nowait((lane, sequence, work))
-                        continue
-                self._room[lane].release()
+                if before is not None:
+                    await before()
                 await self._process(work)
             except BaseException as exc:
                 self._failure = exc
@@ -430,7 +432,7 @@ class Ingestor:
                 self._on_failure()
                 raise
             finally:
-                self._queue.task_done()
+                lane.queue.task_done()
 
     async def _process(self, work: _Work) -> None:
         await self._send_letters(work.letters)

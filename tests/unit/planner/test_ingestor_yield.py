@@ -1,7 +1,8 @@
 """The ingestor's two lanes and its pauses: it awaits its `before_batch` hook (the planning task's
 `yield_to_urgent`) before it decodes a fetched batch and before it writes one, so a pause holds both the
-consumer and the writer back; records of its urgent topics (the lifecycle topic) are decoded first, without
-a pause, and written in a batch of their own before the batches waiting."""
+consumer and the bulk lane's writer back; records of its urgent topics (the lifecycle topic) are decoded
+first, without a pause, and written in a batch of their own by a writer of their own, while the other lane's
+batch is being written or paused."""
 
 from __future__ import annotations
 
@@ -56,42 +57,50 @@ async def test_a_closed_gate_holds_decoding_and_writing_and_opening_it_counts_ev
 
 
 class HeldStore(MemoryIngest):
-    """Writes in order, noting each batch's topics; the first write waits until `go` is set."""
+    """Notes each batch's topics as it commits; a batch of the requests topic waits until `go` is set, and
+    `written` tells when the lifecycle's committed."""
 
     def __init__(self) -> None:
         super().__init__()
         self.topics: list[set[str]] = []
         self.writing = asyncio.Event()
         self.go = asyncio.Event()
+        self.written = asyncio.Event()
 
     async def write(self, slices: Sequence[PartitionSlice], batch: IngestBatch) -> None:
-        self.writing.set()
-        await self.go.wait()
+        topics = {s.topic for s in slices}
+        if "t.requests" in topics:
+            self.writing.set()
+            await self.go.wait()
         await super().write(slices, batch)
-        self.topics.append({s.topic for s in slices})
+        self.topics.append(topics)
+        if "t.lifecycle" in topics:
+            self.written.set()
 
 
 def _lifecycle(offset: int) -> Record:
     return dataclasses.replace(request_record(offset, [9]), topic="t.lifecycle")
 
 
-async def test_urgent_topics_records_are_written_in_their_own_batch_before_waiting_ones() -> None:
+async def test_urgent_records_are_written_in_their_own_batch_while_a_request_batch_is_written() -> None:
     store = HeldStore()
     ingestor = started_ingestor(store, urgent_topics=("t.lifecycle",))
     await ingestor.submit([request_record(0, [1, 2])], Consumer())
-    await asyncio.wait_for(store.writing.wait(), 5)  # held: the writer is inside this batch
+    await asyncio.wait_for(store.writing.wait(), 5)  # held: the bulk writer is inside this batch
     await ingestor.submit([request_record(1, [1, 2])], Consumer())
     await ingestor.submit([request_record(2, [1, 3]), _lifecycle(0), request_record(3, [1, 4])], Consumer())
+    # The lifecycle record commits in a batch of its own while the request batch is still being written.
+    await asyncio.wait_for(store.written.wait(), 5)
+    assert store.topics == [{"t.lifecycle"}]
     store.go.set()
     await asyncio.wait_for(ingestor.flush(), 5)
-    # The lifecycle record went past the two request batches queued before it, in a batch of its own.
-    assert store.topics == [{"t.requests"}, {"t.lifecycle"}, {"t.requests"}, {"t.requests"}]
+    assert store.topics == [{"t.lifecycle"}, {"t.requests"}, {"t.requests"}, {"t.requests"}]
     assert store.offsets == {("t.requests", 0): 4, ("t.lifecycle", 0): 1}
     assert len(store.plans.counts) == 5  # every event counted once
     await ingestor.drain()
 
 
-async def test_a_batch_taken_while_ingestion_paused_lets_an_urgent_one_that_came_meanwhile_go_first() -> None:
+async def test_an_urgent_batch_is_written_while_the_bulk_writer_is_paused() -> None:
     store = HeldStore()
     store.go.set()
     writer_pauses, resume = asyncio.Event(), asyncio.Event()
@@ -108,10 +117,12 @@ async def test_a_batch_taken_while_ingestion_paused_lets_an_urgent_one_that_came
     await ingestor.submit([request_record(0, [1, 2])], Consumer())
     await asyncio.wait_for(writer_pauses.wait(), 5)  # the writer took the request batch and paused
     await ingestor.submit([_lifecycle(0)], Consumer())  # urgent: decoded without a pause
+    await asyncio.wait_for(store.written.wait(), 5)  # and written while the bulk writer waits at the gate
+    assert store.topics == [{"t.lifecycle"}]
     resume.set()
     await asyncio.wait_for(ingestor.flush(), 5)
     assert store.topics == [{"t.lifecycle"}, {"t.requests"}]
-    assert calls == 3  # the request batch came back to the gate after the urgent one, and passed
+    assert calls == 2  # the urgent lane passes no gate
     await ingestor.drain()
 
 
