@@ -10,10 +10,9 @@ through the same two functions, so what it measures is what the planner issues.
 
 from __future__ import annotations
 
-import itertools
 import math
 import sys
-from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from warmplane.services.planner.policy.budget import WarmBudget
@@ -114,11 +113,11 @@ def trie_from_counts(
     """
     by_id = {prefix.prefix_id: prefix for prefix in prefixes}
     counts = [count for count in counts if count.requests > 0]
-    chains = {leaf: _chain(by_id, leaf) for leaf in {count.leaf for count in counts}}  # once for both tries
+    forest = _Forest(by_id, {count.leaf for count in counts})  # once for both tries
     if frequency_half_life_s is None:
-        return _decayed_trie(chains, counts, now, half_life_s)
-    trie, left_out = _decayed_trie(chains, counts, now, frequency_half_life_s)
-    trie.blend(_decayed_trie(chains, counts, now, half_life_s)[0])
+        return _decayed_trie(forest, counts, now, half_life_s)
+    trie, left_out = _decayed_trie(forest, counts, now, frequency_half_life_s)
+    trie.blend(_decayed_trie(forest, counts, now, half_life_s)[0])
     return trie, left_out
 
 
@@ -141,13 +140,10 @@ def fit_calibration(
 
 
 def _decayed_trie(
-    chains: Mapping[int, list[StoredPrefix] | None],
-    counts: Sequence[LeafCount],
-    now: float,
-    half_life_s: float,
+    forest: _Forest, counts: Sequence[LeafCount], now: float, half_life_s: float
 ) -> tuple[PrefixTrie, int]:
-    """The trie of `counts` (each with requests) at `now`, and how many leaves were left out;
-    `chains`: each leaf's chain, root first (None: unknown or looping)."""
+    """The trie of `counts` (each with requests) at `now`, and how many leaves were left out (their
+    chains are not in `forest`, or a weight is not finite). Leaves are observed heaviest first."""
     trie = PrefixTrie(half_life_s)
     weights: dict[int, float] = {}
     decays: dict[float, float] = {}  # counts share their buckets' times: one factor a time, not a count
@@ -158,38 +154,57 @@ def _decayed_trie(
             decay = decays[at] = trie.decay_factor(max(0.0, now - at))
         weights[count.leaf] = weights.get(count.leaf, 0.0) + count.requests * decay
     left_out = 0
-
-    def observations() -> Iterator[tuple[list[int], list[int], float]]:
-        nonlocal left_out
-        for leaf in sorted(weights, key=lambda leaf: (-weights[leaf], leaf)):
-            weight = weights[leaf]
-            if weight == 0:  # decayed below the smallest float: nothing left to count
-                continue
-            chain = chains[leaf]
-            if chain is None or not math.isfinite(weight):
-                left_out += 1
-                continue
-            yield (
-                [p.prefix_id for p in chain],
-                list(itertools.accumulate((p.tokens for p in chain), max)),
-                weight,
-            )
-
-    refused = trie.observe_all(observations(), now)  # lazily: a leaf's lists are freed as it is counted
-    return trie, left_out + refused
+    observed: list[tuple[int, float]] = []
+    for leaf in sorted(weights, key=lambda leaf: (-weights[leaf], leaf)):
+        weight = weights[leaf]
+        if weight == 0:  # decayed below the smallest float: nothing left to count
+            continue
+        if leaf not in forest.valid or not math.isfinite(weight):
+            left_out += 1
+            continue
+        observed.append((leaf, weight))
+    trie.observe_leaves(observed, forest.parents, forest.tokens, now)
+    return trie, left_out
 
 
-def _chain(by_id: Mapping[int, StoredPrefix], leaf: int) -> list[StoredPrefix] | None:
-    """`leaf`'s chain, root first; None if `leaf` is unknown or the walk up loops."""
-    chain: list[StoredPrefix] = []
-    step = by_id.get(leaf)
-    while step is not None:
-        chain.append(step)
-        if len(chain) > len(by_id):
-            return None
-        step = by_id.get(step.parent) if step.parent is not None else None
-    chain.reverse()
-    return chain or None
+class _Forest:
+    """The stored prefixes above `leaves` as a trie observes them: each one's `parents` (None at a root,
+    or where the stored parent is unknown) and cumulative `tokens` (the most of its chain's so far: a
+    prefix counts at least its parent's), and the leaves whose chains can be observed (`valid`): known,
+    free of loops, under a root that has tokens. Each prefix is resolved once, however many leaves lie
+    below it: walking every leaf's whole chain cost as much as the rest of the trie build."""
+
+    def __init__(self, by_id: Mapping[int, StoredPrefix], leaves: Iterable[int]) -> None:
+        self.parents: dict[int, int | None] = {}
+        self.tokens: dict[int, int] = {}
+        self.valid: set[int] = set()
+        rooted: dict[int, bool] = {}
+        """Each resolved prefix: whether its root has tokens."""
+        for leaf in leaves:
+            path: list[StoredPrefix] = []
+            on_path: set[int] = set()
+            prefix: int | None = leaf
+            while prefix is not None and prefix not in rooted:
+                stored = by_id.get(prefix)
+                if stored is None or prefix in on_path:
+                    break  # an unknown leaf (parents are followed only when known), or a loop: left out
+                path.append(stored)
+                on_path.add(prefix)
+                prefix = stored.parent if stored.parent in by_id else None
+            else:  # up to a root, or to a prefix resolved for an earlier leaf
+                parent, above, has_tokens = prefix, None, True
+                if prefix is not None:
+                    above, has_tokens = self.tokens[prefix], rooted[prefix]
+                for stored in reversed(path):
+                    cumulative = stored.tokens if above is None else max(above, stored.tokens)
+                    if above is None:
+                        has_tokens = cumulative > 0
+                    self.parents[stored.prefix_id] = parent
+                    self.tokens[stored.prefix_id] = cumulative
+                    rooted[stored.prefix_id] = has_tokens
+                    parent, above = stored.prefix_id, cumulative
+                if rooted[leaf]:
+                    self.valid.add(leaf)
 
 
 def choose_for_replica(
