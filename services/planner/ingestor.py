@@ -1,7 +1,7 @@
 """The ingestion pipeline: decode a fetched batch, dead-letter what does not decode, write the rest.
 
 Decoding and de-duplication run in the consumer's handler; the database write runs in a writer task,
-so the next batch decodes while Postgres applies the previous one. The queue between them is bounded: a
+so the next batch decodes while Postgres applies the previous one. The queues between them are bounded: a
 slow database slows the consumer, never grows memory.
 
 Two lanes, each a queue and a writer of its own: the records of `urgent_topics` (the lifecycle topic: a
@@ -390,7 +390,8 @@ class Ingestor:
             for lane in self._lanes:
                 await self._unless_writer_stops(lane, lane.queue.join())
         finally:
-            self._revoking.discard(revoking or "")
+            if revoking is not None:
+                self._revoking.discard(revoking)
 
     async def drain(self) -> None:
         """Write everything queued and stop the writer tasks; the broker's offsets are not updated."""

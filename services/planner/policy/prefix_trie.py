@@ -170,9 +170,9 @@ class PrefixTrie:
     ) -> None:
         """`observe(chain, chain's tokens, now, weight)` for each `(leaf, weight)` in turn, with the same
         result, where a leaf's chain is its path up `parents` (None above a root) and `tokens` holds each
-        prefix's cumulative tokens. Each chain is built only down from the deepest prefix already known,
-        then walked once to count: a planner's trie counts tens of thousands of leaves whose chains share
-        their upper prefixes, and building each whole chain's lists was most of a plan's trie build.
+        prefix's cumulative tokens. A chain's prefixes are made only down from the deepest one already
+        known, and no list is built per chain: a planner's trie counts tens of thousands of leaves whose
+        chains share their upper prefixes (`bench.plan_scale_bench` times the build).
 
         The chains must be what `observe` accepts (the caller checked: loop-free, `tokens` positive and
         non-decreasing down each), and a known prefix's parent and tokens the chain's."""

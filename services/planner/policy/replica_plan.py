@@ -172,7 +172,7 @@ class _Forest:
     or where the stored parent is unknown) and cumulative `tokens` (the most of its chain's so far: a
     prefix counts at least its parent's), and the leaves whose chains can be observed (`valid`): known,
     free of loops, under a root that has tokens. Each prefix is resolved once, however many leaves lie
-    below it: walking every leaf's whole chain cost as much as the rest of the trie build."""
+    below it, where each leaf's whole chain was walked and listed before."""
 
     def __init__(self, by_id: Mapping[int, StoredPrefix], leaves: Iterable[int]) -> None:
         self.parents: dict[int, int | None] = {}
