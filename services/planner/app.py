@@ -139,7 +139,13 @@ def build_planner(settings: PlannerSettings) -> Planner:
     # Starts get a consumer of their own (module doc): the requests' fetches never hold them back.
     subscribers = [
         _subscribe(
-            broker, settings, ingestor, bulk, group_id=ingest.group_id, poll_ms=ingest.batch_timeout_ms
+            broker,
+            settings,
+            ingestor,
+            bulk,
+            group_id=ingest.group_id,
+            poll_ms=ingest.batch_timeout_ms,
+            counting=(topics.requests, parts.issuer.counting_alone),
         ),
         _subscribe(
             broker,
@@ -198,9 +204,12 @@ def _subscribe(
     *,
     group_id: str,
     poll_ms: int,
+    counting: tuple[str, Callable[[bool], None]] | None = None,
 ) -> BatchSubscriber:
     """A batch subscriber of `topics` in `group_id` that hands its records to `ingestor` undecoded. It
-    waits up to `poll_ms` for records, and after a poll that found nothing faststream sleeps as long."""
+    waits up to `poll_ms` for records, and after a poll that found nothing faststream sleeps as long.
+    With `counting` (the requests topic and a callback), each assignment says whether this consumer owns
+    every partition of that topic: whether this planner alone counts the requests."""
     kafka, ingest = settings.kafka, settings.ingest
     subscriber = broker.subscriber(
         *topics,
@@ -216,7 +225,7 @@ def _subscribe(
         heartbeat_interval_ms=kafka.heartbeat_interval_ms,
         parser=_parse_first_record_only,
         decoder=_leave_undecoded,
-        listener=_Rebalance(ingestor, group_id, lambda: subscriber.consumer),
+        listener=_Rebalance(ingestor, group_id, lambda: subscriber.consumer, counting),
     )
 
     @subscriber
@@ -324,14 +333,22 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     read from revoked partitions before another consumer takes them."""
 
     def __init__(
-        self, ingestor: Ingestor, group: str, consumer: Callable[[], AIOKafkaConsumer | None]
+        self,
+        ingestor: Ingestor,
+        group: str,
+        consumer: Callable[[], AIOKafkaConsumer | None],
+        counting: tuple[str, Callable[[bool], None]] | None = None,
     ) -> None:
         self._ingestor = ingestor
         self._group = group
         self._consumer = consumer
         """The subscriber's consumer, which exists once the broker started."""
+        self._counting = counting
+        """The requests topic, and what is told whether this consumer owns all its partitions."""
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        if self._counting is not None:
+            self._counting[1](False)
         await self._ingestor.flush(self._group)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
@@ -342,6 +359,11 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         for partition, offset in positions.items():
             consumer.seek(TopicPartition(*partition), offset)
         log.info("resumed %d of %d assigned partitions from Postgres", len(positions), len(assigned))
+        if self._counting is not None:
+            topic, alone = self._counting
+            every = consumer.partitions_for_topic(topic) or set()
+            mine = {tp.partition for tp in consumer.assignment() if tp.topic == topic}
+            alone(bool(every) and every <= mine)
 
 
 async def _sweep_forever(store: PgIngestStore, pool: asyncpg.Pool, settings: PlannerSettings) -> None:

@@ -32,7 +32,7 @@ from warmplane.services.planner.core.triggers import (
     triggers_of,
 )
 from warmplane.services.planner.fleet_reactions import FleetReactor
-from warmplane.services.planner.ingestor import Ingestor
+from warmplane.services.planner.ingestor import Ingestor, Offsets
 from warmplane.services.planner.liveness import LivenessWatch
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.pg_fleet import PgFleetStore
@@ -106,7 +106,7 @@ def bootstrap(
     publisher = KafkaEventPublisher(producer, topics, codec, kafka.commit_timeout_s, signer)
     bucket_seconds = settings.statistics.bucket_seconds
     issuer = PlanIssuer(
-        store=PgPlanStore(pool),
+        store=PgPlanStore(pool, ingest.group_id),
         publisher=publisher,
         settings=settings.plans,
         bucket_seconds=bucket_seconds,
@@ -134,8 +134,10 @@ def bootstrap(
         yield_s=settings.plans.ingest_yield_s,
     )
 
-    async def after_commit(batch: IngestBatch) -> None:
-        # The batch committed: what it triggers is planned from counts that include it (`planning.py`).
+    async def after_commit(batch: IngestBatch, positions: Offsets) -> None:
+        # The batch committed: what it triggers is planned from counts that include it (`planning.py`), and
+        # the kept reads absorb its counts before they serve another plan (`plan_choice`).
+        issuer.counts_committed(batch, positions)
         triggers = triggers_of(batch, time.monotonic(), bucket_seconds=reactor.request_buckets_s)
         committed = datetime.now(UTC)
         for trigger in triggers:

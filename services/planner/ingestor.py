@@ -164,7 +164,7 @@ class Ingestor:
         urgent_topics: Collection[str] = (),
         db_outage_s: float = 0.0,
         on_failure: Callable[[], None] = lambda: None,
-        after_commit: Callable[[IngestBatch], Awaitable[None]] | None = None,
+        after_commit: Callable[[IngestBatch, Offsets], Awaitable[None]] | None = None,
         before_batch: Callable[[], Awaitable[object]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -191,8 +191,9 @@ class Ingestor:
         self._db_outage_s = db_outage_s
         self._on_failure = on_failure
         self._after_commit = after_commit
-        """Called with each batch holding records or requests once it committed, before the next batch is
-        written: it hands the batch's triggers to the planning task (`planning.py`) and does not plan."""
+        """Called with each batch holding records or requests once it committed, and its partitions' next
+        offsets, before the next batch is written: it hands the batch's triggers to the planning task
+        (`planning.py`) and its counts to the kept reads (`plan_choice`), and does not plan."""
         self._before_batch = before_batch
         """Awaited before a batch is decoded and before one is written: the planning task's
         `yield_to_urgent`, so a plan a replica waits for is not slowed down by ingestion."""
@@ -452,12 +453,13 @@ class Ingestor:
         self._metrics.duplicates.inc(work.duplicates)
         for kind, count in Counter(map(type, work.events)).items():
             self._metrics.events.labels(type=event_type(kind)).inc(count)
+        positions = {p: s.last_offset + 1 for p, s in work.slices.items()}
         if (batch.has_records or batch.requests.leaves) and self._after_commit:
-            await self._after_commit(batch)
+            await self._after_commit(batch, positions)
         if self._draining or work.consumer.group in self._revoking:
             return
         try:
-            await work.consumer.commit({p: s.last_offset + 1 for p, s in work.slices.items()})
+            await work.consumer.commit(positions)
         except Exception:  # the database holds the truth; the broker's copy only serves monitoring
             self._metrics.commit_failures.inc()
             log.warning("broker offset commit failed; positions are safe in Postgres", exc_info=True)

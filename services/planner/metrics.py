@@ -51,6 +51,14 @@ class PlannerMetrics:
             "Warm plans that could not be chosen, recorded or published",
             registry=registry,
         )
+        self.statistics_reads = Counter(
+            "warmplane_planner_statistics_reads",
+            "Statistics plans were chosen from, by how they were had: read from Postgres, shared (a kept read"
+            " begun after the start's batch), absorbed (a kept read brought up to date with the planner's"
+            " own committed batches)",
+            ["how"],  # read, shared, absorbed
+            registry=registry,
+        )
         self.empty_plans = Counter(
             "warmplane_planner_empty_plans",
             "Plans issued empty (or re-plans left out) because warming would buy too little, by reason",

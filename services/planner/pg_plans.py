@@ -30,6 +30,7 @@ SELECT scope_id, prefix_id, bucket, requests FROM prefix_stats
 WHERE scope_id = ANY($1::integer[]) AND bucket >= $2 AND requests > 0
 """
 CATALOGUED = "SELECT scope_id, prefix_id FROM prefix_catalog WHERE scope_id = ANY($1::integer[])"
+GROUP_OFFSETS = "SELECT topic, partition, next_offset FROM ingest_offsets WHERE group_id = $1"
 PAYLOADS = """
 SELECT c.scope_id, c.prefix_id, c.payload::text FROM prefix_catalog c
 JOIN unnest($1::integer[], $2::bigint[]) AS k(scope_id, prefix_id) USING (scope_id, prefix_id)
@@ -110,8 +111,10 @@ ORDER BY s.occurred_at
 class PgPlanStore:
     """Reads what a plan is chosen from and records issued plans. Owns no pool: the caller's lifespan does."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, group_id: str | None = None) -> None:
         self._pool = pool
+        self._group_id = group_id
+        """The planner's ingest group: a statistics read says where its partitions stood (`positions`)."""
 
     async def statistics(self, model: str, since_bucket: int) -> ModelStatistics:
         """Every prefix of `model`'s scopes counted from `since_bucket` on (all its tenants and prompt
@@ -121,8 +124,18 @@ class PgPlanStore:
         A scope without a count since (a prompt revision deployed over, a tenant gone quiet) has nothing
         to plan from, and its chains (kept for the retention, 31 days) are not read. Loads the rest of
         the model's trie: plans are issued per replica start or fleet change, not per request.
+
+        With the store's `group_id`, one snapshot holds the read and the group's positions: which of the
+        planner's committed batches the counts include (`plan_choice`: kept reads absorb the rest).
         """
-        async with self._pool.acquire() as connection, connection.transaction(readonly=True):
+        async with (
+            self._pool.acquire() as connection,
+            connection.transaction(readonly=True, isolation="repeatable_read"),
+        ):
+            positions = None
+            if self._group_id is not None:
+                rows = await connection.fetch(GROUP_OFFSETS, self._group_id)
+                positions = {(topic, partition): offset for topic, partition, offset in rows}
             scopes = [row[0] for row in await connection.fetch(SCOPES_OF_MODEL, model)]
             counts = [
                 (scope, leaf, bucket, requests)
@@ -132,13 +145,13 @@ class PgPlanStore:
             ]
             counted = sorted({count[0] for count in counts})
             if not counted:  # no scope, or none with traffic since
-                return ModelStatistics([], [], set())
+                return ModelStatistics([], [], set(), positions)
             prefixes = [
                 (scope, StoredPrefix(prefix, parent, tokens))
                 for scope, prefix, parent, tokens in await connection.fetch(NODES, counted)
             ]
             catalogued = {(s, p) for s, p in await connection.fetch(CATALOGUED, counted)}
-        return ModelStatistics(prefixes, counts, catalogued)
+        return ModelStatistics(prefixes, counts, catalogued, positions)
 
     async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]:
         """The catalogued payloads of `keys`; a key whose payload is gone (swept) or unreadable is absent."""

@@ -24,11 +24,12 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from warmplane.services.planner.core.ingest_batch import IngestBatch
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.plan_choice import Choice, ChoiceStore, WarmSetChooser
 from warmplane.services.planner.settings import PlanRingSettings, PlanSettings
@@ -92,7 +93,18 @@ class PlanIssuer:
             bucket_seconds=bucket_seconds,
             max_plan_bytes=max_plan_bytes,
             clock=clock,
+            metrics=metrics,
         )
+
+    def counts_committed(self, batch: IngestBatch, positions: Mapping[tuple[str, int], int]) -> None:
+        """`batch` committed with its partitions at `positions`: kept reads absorb its counts
+        (`WarmSetChooser.counts_committed`)."""
+        self._chooser.counts_committed(batch, positions)
+
+    def counting_alone(self, alone: bool) -> None:
+        """Whether this planner's consumer owns every partition of the traffic topics
+        (`WarmSetChooser.counting_alone`)."""
+        self._chooser.counting_alone(alone)
 
     async def count_outcomes(self, results: Sequence[WarmFinished]) -> None:
         """Count each result that became its plan's outcome (a later one for the same plan, such as a

@@ -77,6 +77,12 @@ class PrefixTrie:
         own = self.count(prefix_id, now) * math.log(2) / self.half_life_s
         return own if self._fast is None else (own + self._fast.rate(prefix_id, now)) / 2
 
+    @property
+    def blended(self) -> PrefixTrie | None:
+        """The faster trie this one is blended with (`blend`), if any: what observes into this one after
+        the build must observe into it too."""
+        return self._fast
+
     def blend(self, fast: PrefixTrie) -> None:
         """Estimate rates (`rate`) as the mean of this trie's and `fast`'s: the same observations counted
         with a shorter half-life, which `fast` must have (`ValueError` otherwise). `fast` may lack prefixes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from warmplane.services.planner.core.deploy_epochs import EpochState, Revisions
@@ -54,6 +54,10 @@ class MemoryPlans:
         self.outcomes: dict[uuid.UUID, tuple[PlanState, datetime | None]] = {}
         """Plan id -> its state past `issued` and when it finished."""
         self.asked: list[tuple[str, int]] = []
+        self.positions: dict[tuple[str, int], int] | None = None
+        """What a read says the planner's group had counted to (`ModelStatistics.positions`)."""
+        self.during_read: list[Callable[[], None]] = []
+        """Called inside the next read, before it looks: what commits while a read is under way."""
         self.fail = False
         self.epochs: dict[tuple[str, str], int] = {}
         """(tenant, model) -> epoch."""
@@ -74,6 +78,8 @@ class MemoryPlans:
         if self.fail:
             raise OSError("connection reset")
         self.asked.append((model, since_bucket))
+        while self.during_read:
+            self.during_read.pop(0)()
         of_model = {scope for scope, (_tenant, name, _rev) in self.scopes.items() if name == model}
         summed = Counter[tuple[int, int, int]]()
         for scope, leaf, bucket, requests in self.counts:
@@ -87,6 +93,7 @@ class MemoryPlans:
             [(s, StoredPrefix(p, parent, tokens)) for s, p, parent, tokens in self.prefixes if s in counted],
             counts,
             {key for key in catalogued if key[0] in counted},
+            None if self.positions is None else dict(self.positions),
         )
 
     async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]:

@@ -1,0 +1,107 @@
+"""A planner counting alone plans a later start from its kept read brought up to date with the batches it
+committed since (`core.absorbed_counts`), on the real broker and Postgres: no second read, and the plan is
+the one a chooser reading the database at that moment makes (new chains and new payloads included)."""
+
+from __future__ import annotations
+
+import asyncpg
+from prometheus_client import CollectorRegistry
+
+from tests.integration.planner.test_planner_plans import payload, started, traffic
+from tests.integration.planner_harness import MODEL, events_on, poll_until, produce, request
+from warmplane.services.planner.app import running_planner
+from warmplane.services.planner.metrics import PlannerMetrics
+from warmplane.services.planner.pg_plans import PgPlanStore
+from warmplane.services.planner.plan_choice import WarmSetChooser
+from warmplane.services.planner.settings import PlannerSettings, PlanSettings
+from warmplane.shared.events import Event, WarmPlanIssued
+from warmplane.shared.topics import Topics
+
+_TIMEOUT_S = 30.0
+
+
+def later_traffic() -> list[Event]:
+    """After the first plan: a new chain below a known root turns hot (catalogued on its first request),
+    a new root appears, and a known chain gets more."""
+    events: list[Event] = []
+    events += [request([9, 40, 41], payload=payload(41) if i == 0 else None) for i in range(40)]
+    events += [request([50], payload=payload(50) if i == 0 else None) for i in range(25)]
+    events += [request([1, 4]) for _ in range(6)]
+    return events
+
+
+async def test_a_start_after_new_traffic_is_planned_from_the_kept_read_as_a_read_would_plan_it(
+    planner_settings: PlannerSettings,
+) -> None:
+    settings = planner_settings.model_copy(
+        update={
+            "routing": planner_settings.routing.model_copy(update={"mode": "spread"}),  # a and b plan alike
+            "plans": PlanSettings(
+                budget_tokens=800,
+                max_items=20,
+                min_expected_saved_tokens=0,
+                statistics_max_age_s=0,  # no read is shared: a plan without a read absorbed
+                statistics_live_s=60,
+            ),
+        }
+    )
+    kafka = settings.kafka
+    first, later = traffic(), later_traffic()
+    await produce(kafka, first)
+    pool = await asyncpg.create_pool(settings.postgres.asyncpg_dsn(), min_size=1, max_size=2)
+    total = "SELECT coalesce(sum(requests), 0) FROM prefix_stats"
+    try:
+        async with running_planner(settings) as planner:
+            await poll_until(lambda: _equals(pool, total, len(first)), timeout_s=_TIMEOUT_S, what="traffic")
+            plan_a = await _start(settings, "a")
+            await produce(kafka, later)
+            await poll_until(
+                lambda: _equals(pool, total, len(first) + len(later)), timeout_s=_TIMEOUT_S, what="more"
+            )
+            plan_b = await _start(settings, "b")
+            reads = {how: _reads(planner.metrics, how) for how in ("read", "shared", "absorbed")}
+        assert reads == {"read": 1, "shared": 0, "absorbed": 1}
+        assert 50 in {item.prefix_id for item in plan_b.items}  # a root counted after the read
+        assert not {41, 50} & {item.prefix_id for item in plan_a.items}
+        chooser = WarmSetChooser(
+            PgPlanStore(pool),
+            settings.plans,
+            settings.routing,
+            bucket_seconds=settings.statistics.bucket_seconds,
+            max_plan_bytes=kafka.max_event_bytes,
+            clock=lambda: plan_b.occurred_at,
+        )
+        [choice] = (await chooser.choose(MODEL.name, None, 0, ["b"])).values()
+        assert [(i.tenant, i.prefix_id, i.tokens) for i in plan_b.items] == [
+            (i.tenant, i.prefix_id, i.tokens) for i in choice.items
+        ]
+    finally:
+        await pool.close()
+
+
+async def _start(settings: PlannerSettings, replica: str) -> WarmPlanIssued:
+    """Start `replica` and wait for its plan."""
+    start = started(replica, f"node-{replica}")
+    await produce(settings.kafka, [start])
+    plans: list[WarmPlanIssued] = []
+
+    async def planned() -> bool:
+        topic = Topics(settings.kafka.topic_prefix).plans
+        plans[:] = [
+            plan
+            for plan in await events_on(settings.kafka, topic, WarmPlanIssued)
+            if plan.trigger_event_id == start.event_id
+        ]
+        return bool(plans)
+
+    await poll_until(planned, timeout_s=_TIMEOUT_S, what=f"the plan of {replica}")
+    return plans[0]
+
+
+def _reads(metrics: PlannerMetrics, how: str) -> float:
+    registry: CollectorRegistry = metrics.registry
+    return registry.get_sample_value("warmplane_planner_statistics_reads_total", {"how": how}) or 0.0
+
+
+async def _equals(pool: asyncpg.Pool, query: str, value: object) -> bool:
+    return bool(await pool.fetchval(query) == value)

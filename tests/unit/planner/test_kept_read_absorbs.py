@@ -1,0 +1,246 @@
+"""A kept read absorbing the batches the planner commits after it (`core.absorbed_counts`,
+`WarmSetChooser.counts_committed`): the trie it then holds is the one a read now would build, and the
+chooser reads again whenever absorbing cannot stand for a read (another planner counting, a scope the read
+did not see, batches let go)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from tests.unit.planner.memory_planner import BUCKET, MODEL, NOW, MemoryPlans, Published
+from tests.unit.planner.test_plan_issuer import issuer, live, started, three_tenants
+from warmplane.services.planner.core.absorbed_counts import absorb
+from warmplane.services.planner.core.ingest_batch import IngestBatch, RequestColumns, Scope, fold_events
+from warmplane.services.planner.metrics import PlannerMetrics
+from warmplane.services.planner.policy import LeafCount, PrefixTrie, StoredPrefix, trie_from_counts
+from warmplane.shared.events import ModelRef, RequestObserved
+from warmplane.shared.prefix_chain import Namespace, chain_from_segments
+
+BUCKET_S = 60
+BASE = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+SCOPE: Scope = ("acme", "llama", "v1")
+SEGMENT_TOKENS = {b"a": 3, b"b": 7, b"c": 16}
+TOPIC = ("requests", 0)
+
+paths = st.lists(st.sampled_from(sorted(SEGMENT_TOKENS)), min_size=1, max_size=4)
+requests = st.lists(st.tuples(paths, st.integers(0, 900)), min_size=1, max_size=25)
+
+
+def observed(path: Sequence[bytes], second: int) -> RequestObserved:
+    chain = chain_from_segments(Namespace(*SCOPE), path, [SEGMENT_TOKENS[s] for s in path])
+    return RequestObserved(
+        event_id=uuid.uuid4(),
+        occurred_at=BASE + timedelta(seconds=second),
+        producer="test",
+        tenant=SCOPE[0],
+        model=ModelRef(SCOPE[1], "rev"),
+        prompt_rev=SCOPE[2],
+        replica="r0",
+        chain=list(chain.ids),
+        chain_tokens=list(chain.tokens),
+        prompt_tokens=chain.tokens[-1],
+        cached_tokens=0,
+        ttft_ms=None,
+    )
+
+
+def stored(events: Sequence[RequestObserved]) -> tuple[list[StoredPrefix], list[LeafCount]]:
+    """What Postgres holds after `events`: every chain node, and requests per leaf and bucket."""
+    nodes: dict[int, StoredPrefix] = {}
+    for event in events:
+        parent = None
+        for prefix, tokens in zip(event.chain, event.chain_tokens, strict=True):
+            nodes.setdefault(prefix, StoredPrefix(prefix, parent, tokens))
+            parent = prefix
+    buckets = Counter((e.chain[-1], int(e.occurred_at.timestamp()) // BUCKET_S) for e in events)
+    counts = [LeafCount(leaf, b * BUCKET_S + BUCKET_S / 2, n) for (leaf, b), n in buckets.items()]
+    return list(nodes.values()), counts
+
+
+def same_trie(a: PrefixTrie, b: PrefixTrie, now: float) -> None:
+    assert {n.prefix_id for n in a.nodes()} == {n.prefix_id for n in b.nodes()}
+    for node in a.nodes():
+        other = b.node(node.prefix_id)
+        assert other is not None
+        assert (node.parent, node.depth, node.tokens, node.own_tokens) == (
+            other.parent,
+            other.depth,
+            other.tokens,
+            other.own_tokens,
+        )
+        assert math.isclose(a.rate(node.prefix_id, now), b.rate(node.prefix_id, now), rel_tol=1e-9)
+
+
+@settings(max_examples=150, deadline=None)
+@given(before=requests, after=st.lists(requests, min_size=1, max_size=3), now_s=st.integers(0, 1200))
+def test_a_trie_that_absorbed_committed_batches_is_the_trie_a_read_now_builds(
+    before: list[tuple[list[bytes], int]], after: list[list[tuple[list[bytes], int]]], now_s: int
+) -> None:
+    """Whatever was read, and however the later requests fell into batches, a kept trie that absorbed
+    the batches equals the trie of everything read at `now` (blended, both half-lives)."""
+    now = BASE.timestamp() + now_s
+    early = [observed(path, second) for path, second in before]
+    prefixes, counts = stored(early)
+    trie, _ = trie_from_counts(prefixes, counts, now, 60.0, 600.0)
+    scope_of = {prefix.prefix_id: 7 for prefix in prefixes}
+    renderable: set[int] = set()
+    known = {SCOPE: set(scope_of)}
+    batches, late = [], []
+    for chunk in after:
+        events = [observed(path, second) for path, second in chunk]
+        batch = fold_events(events, stored_nodes=known)
+        known[SCOPE] = known[SCOPE] | set().union(*batch.new_nodes.values())
+        batches.append(batch)
+        late.extend(events)
+    placed = absorb(
+        trie,
+        scope_of,
+        renderable,
+        batches,
+        scope_ids={SCOPE: 7},
+        model=SCOPE[1],
+        tenant=None,
+        bucket_seconds=BUCKET_S,
+        now=now,
+    )
+    assert placed
+    fresh, _ = trie_from_counts(*stored([*early, *late]), now, 60.0, 600.0)
+    same_trie(trie, fresh, now)
+    assert trie.blended is not None and fresh.blended is not None
+    same_trie(trie.blended, fresh.blended, now)
+    assert set(scope_of) >= {node.prefix_id for node in trie.nodes()}
+
+
+def test_a_count_in_a_scope_the_read_did_not_see_is_not_placed_and_changes_nothing() -> None:
+    early = [observed([b"a", b"b"], 10)]
+    trie, _ = trie_from_counts(*stored(early), BASE.timestamp() + 60, 60.0, 600.0)
+    before = {n.prefix_id: (n.count, n.stamp) for n in trie.nodes()}
+    batch = fold_events([observed([b"a", b"c"], 20)], stored_nodes={})
+    placed = absorb(
+        trie,
+        {},
+        set(),
+        [batch],
+        scope_ids={("other", SCOPE[1], "v1"): 1},
+        model=SCOPE[1],
+        tenant=None,
+        bucket_seconds=BUCKET_S,
+        now=BASE.timestamp() + 60,
+    )
+    assert not placed
+    assert {n.prefix_id: (n.count, n.stamp) for n in trie.nodes()} == before
+
+
+def hot_six(count: int = 500) -> IngestBatch:
+    """A batch of `count` requests ending at tenant-2's root 6 (`three_tenants`), in the current bucket."""
+    scope = ("tenant-2", MODEL.name, "v1")
+    return IngestBatch(
+        requests=RequestColumns(
+            scopes=[scope] * count,
+            leaves=[6] * count,
+            replicas=["x"] * count,
+            seconds=[NOW.timestamp()] * count,
+            prompt_tokens=[200] * count,
+            cached_tokens=[0] * count,
+            ttft_ms=[None] * count,
+        )
+    )
+
+
+def commit(store: MemoryPlans, batch: IngestBatch, offset: int) -> dict[tuple[str, int], int]:
+    """What Postgres holds once `batch` committed up to `offset`; the positions the writer reports."""
+    store.counts.append((2, 6, BUCKET, len(batch.requests.leaves)))
+    store.positions = {TOPIC: offset}
+    return {TOPIC: offset}
+
+
+def test_a_planner_counting_alone_plans_later_starts_from_its_kept_read_and_its_commits() -> None:
+    store = three_tenants()
+    store.positions = {TOPIC: 10}
+    published, metrics = Published(), PlannerMetrics(CollectorRegistry())
+    run = issuer(store, published, metrics, statistics_max_age_s=0, statistics_live_s=60)
+    run.counting_alone(True)
+    store.live = [live("a", "starting")]
+    first = asyncio.run(run.issue(started("a")))
+    assert first is not None and 6 not in {item.prefix_id for item in first.items}
+    batch = hot_six()
+    run.counts_committed(batch, commit(store, batch, 11))
+    store.live = [live("a"), live("b", "starting")]
+    second = asyncio.run(run.issue(started("b"), committed_at=time.monotonic()))  # its batch after the read
+    assert len(store.asked) == 1  # no read: the kept one absorbed the batch
+    reads = {
+        how: metrics.registry.get_sample_value("warmplane_planner_statistics_reads_total", {"how": how})
+        for how in ("read", "absorbed")
+    }
+    assert reads == {"read": 1, "absorbed": 1}
+    fresh = asyncio.run(issuer(store, Published(), metrics, statistics_max_age_s=0).issue(started("b")))
+    assert second is not None and fresh is not None
+    assert [i.prefix_id for i in second.items] == [i.prefix_id for i in fresh.items]
+    assert 6 in {item.prefix_id for item in second.items}
+
+
+def test_without_counting_alone_every_start_reads_again() -> None:
+    store = three_tenants()
+    store.positions = {TOPIC: 10}
+    published, metrics = Published(), PlannerMetrics(CollectorRegistry())
+    run = issuer(store, published, metrics, statistics_max_age_s=0, statistics_live_s=60)
+    store.live = [live("a", "starting"), live("b", "starting")]
+    asyncio.run(run.issue(started("a")))
+    batch = hot_six()
+    run.counts_committed(batch, commit(store, batch, 11))
+    asyncio.run(run.issue(started("b"), committed_at=time.monotonic()))
+    assert len(store.asked) == 2
+    run.counting_alone(True)
+    asyncio.run(run.issue(started("a"), committed_at=time.monotonic()))
+    run.counting_alone(False)  # a rebalance: another planner may count now
+    asyncio.run(run.issue(started("b"), committed_at=time.monotonic()))
+    assert len(store.asked) == 4
+
+
+def test_a_batch_committed_while_the_read_ran_is_counted_once_whether_the_read_saw_it_or_not() -> None:
+    """The read's snapshot says which of the batches registered meanwhile it holds (their positions):
+    those are not absorbed again; the one it missed is."""
+    store = three_tenants()
+    store.positions = {TOPIC: 10}
+    metrics = PlannerMetrics(CollectorRegistry())
+    run = issuer(store, Published(), metrics, statistics_max_age_s=0, statistics_live_s=60)
+    run.counting_alone(True)
+    seen, missed = hot_six(300), hot_six(200)
+    store.during_read.append(lambda: run.counts_committed(seen, commit(store, seen, 11)))
+    store.live = [live("a", "starting"), live("b", "starting")]
+    asyncio.run(run.issue(started("a")))
+    run.counts_committed(missed, commit(store, missed, 12))  # after the snapshot
+    asyncio.run(run.issue(started("b"), committed_at=time.monotonic()))
+    assert len(store.asked) == 1
+    kept = run._chooser._kept[(MODEL.name, None)]  # the trie is what is asserted
+    check = issuer(store, Published(), metrics, statistics_max_age_s=60)  # reads everything committed
+    asyncio.run(check.issue(started("b")))
+    again = check._chooser._kept[(MODEL.name, None)]
+    now = NOW.timestamp()
+    assert math.isclose(kept.trie.count(6, now), again.trie.count(6, now), rel_tol=1e-9)
+    assert again.trie.count(6, now) > 500
+
+
+def test_a_batch_in_a_scope_the_read_did_not_see_makes_the_next_start_read() -> None:
+    store = three_tenants()
+    store.positions = {TOPIC: 10}
+    metrics = PlannerMetrics(CollectorRegistry())
+    run = issuer(store, Published(), metrics, statistics_max_age_s=0, statistics_live_s=60)
+    run.counting_alone(True)
+    store.live = [live("a", "starting"), live("b", "starting")]
+    asyncio.run(run.issue(started("a")))
+    batch = hot_six(5)
+    batch.requests.scopes = [("tenant-9", MODEL.name, "v1")] * 5
+    run.counts_committed(batch, {TOPIC: 11})
+    asyncio.run(run.issue(started("b"), committed_at=time.monotonic()))
+    assert len(store.asked) == 2
