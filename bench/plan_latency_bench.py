@@ -8,7 +8,8 @@ replicas announced at once, every plan within 2 s p99). Run:
 On the embedded broker and Postgres, one planner process (`python -m warmplane.services.planner`, as
 deployed). Its ingestion capacity is measured first: `--capacity-events` requests of the fleet shape
 (`bench.ingest_bench`, without its replica starts) published at once, counted from the first committed batch
-to the last (the group's stored offsets). Then `--starts` replicas of the traffic's model are announced one
+to the last (the group's stored offsets). Then, after one untimed start (its plan says both of the
+planner's consumers have joined their groups), `--starts` replicas of the traffic's model are announced one
 after another, each once the previous one's plan arrived (and then stopped, so the fleet stays one replica
 large), idle, then while this process publishes requests of that shape, encoded ahead and paced, at half that
 capacity (or at `--load-rate`: the capacity measured varies from run to run, a fixed rate compares runs and
@@ -410,6 +411,9 @@ async def bench(args: argparse.Namespace, workdir: Path, recorder: SummaryRecord
                     rate = await capacity(kafka, db, group, args.capacity_events)
                     print(f"ingestion capacity: {rate:,.0f} events/s")
                     load = args.load_rate or rate / 2
+                    # Not timed: the lifecycle consumer may join its group after the requests' one (faststream
+                    # starts them one after the other, in no set order), and a start waits for it.
+                    await start_latencies(kafka, warmer, producer, 1, "joined")
                     before = await scrape(metrics)
                     hops: list[float] = []
                     idle = await start_latencies(

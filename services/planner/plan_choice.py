@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -28,8 +28,8 @@ from typing import Protocol
 
 import msgspec
 
-from warmplane.services.planner.core.absorbed_counts import absorb
 from warmplane.services.planner.core.ingest_batch import IngestBatch
+from warmplane.services.planner.kept_reads import KEPT_READS, KeptRead, KeptReads, Partition
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.policy import (
     EmptyReason,
@@ -56,12 +56,6 @@ log = logging.getLogger(__name__)
 """The states of a replica that is or will be serving (`replicas.state`): the ring's members."""
 _ENVELOPE_BYTES = 4_096
 """Room a plan's fields other than its items take, with margin (names are at most 128 characters)."""
-_STATISTICS_KEPT = 16
-"""(model, tenant) statistics kept for `statistics_max_age_s`, most recently used."""
-_ABSORB_MAX_REQUESTS = 200_000
-"""Requests of committed batches held for kept reads to absorb; past it the oldest go, and a kept read that
-had not absorbed them reads again (a fresh read then costs less than absorbing them)."""
-Partition = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,46 +153,19 @@ class WarmSetChooser:
         self._bucket_seconds = bucket_seconds
         self._max_item_bytes = max_plan_bytes - _ENVELOPE_BYTES
         self._clock = clock
-        self._monotonic = monotonic
-        """When a read began, in the clock of `StartsToPlan.committed_at` (seconds)."""
-        self._kept: OrderedDict[tuple[str, str | None], _Statistics] = OrderedDict()
+        self._kept = KeptReads(settings, bucket_seconds=bucket_seconds, monotonic=monotonic, metrics=metrics)
         self._fitted: OrderedDict[tuple[str, str | None], tuple[datetime, ReuseCalibration]] = OrderedDict()
         """(model, tenant) → when its calibration was fitted, and the fit (`calibration_max_age_s`)."""
-        self._alone_since: float | None = None
-        """Since when (monotonic) this planner counts every request (`counting_alone`); None: not."""
-        self._committed: deque[_Committed] = deque()
-        """Batches committed since the oldest kept read still absorbing, or a read under way, began."""
-        self._committed_requests = 0
-        self._seq = 0
-        """The sequence number of the last batch put in `_committed`."""
-        self._absorbed: dict[tuple[str, str | None], int] = {}
-        """Each kept read that absorbs (`_statistics`): the last batch it holds."""
-        self._reading: list[int] = []
-        """The last batch committed when each read under way began."""
         self._choosing = asyncio.Lock()
         """One choice at a time: a kept trie absorbs batches in a worker thread while another would use it."""
 
     def counting_alone(self, alone: bool) -> None:
-        """Whether this planner now counts every request of the traffic topics (its consumer owns all their
-        partitions): only then do its own committed batches hold everything a later read would add, and
-        its kept reads absorb them (`counts_committed`) instead of reading again."""
-        if not alone:
-            self._alone_since = None
-            self._absorbed.clear()
-            self._forget_committed()
-        elif self._alone_since is None:
-            self._alone_since = self._monotonic()
+        """Whether this planner counts every request of the traffic topics (`KeptReads.counting_alone`)."""
+        self._kept.counting_alone(alone)
 
     def counts_committed(self, batch: IngestBatch, positions: Mapping[Partition, int]) -> None:
-        """`batch` committed, its partitions counted up to `positions` (next offsets): a kept read absorbs
-        it when it is next used. Held only while some kept read absorbs or a read is under way."""
-        if self._alone_since is None or not batch.requests.leaves or not (self._absorbed or self._reading):
-            return
-        self._seq += 1
-        self._committed.append(_Committed(self._seq, batch, dict(positions)))
-        self._committed_requests += len(batch.requests.leaves)
-        while self._committed_requests > _ABSORB_MAX_REQUESTS:
-            self._committed_requests -= len(self._committed.popleft().batch.requests.leaves)
+        """`batch` committed with its partitions at `positions` (`KeptReads.counts_committed`)."""
+        self._kept.counts_committed(batch, positions)
 
     async def choose(
         self,
@@ -291,140 +258,34 @@ class WarmSetChooser:
 
     async def _statistics(
         self, model: str, tenant: str | None, now: datetime, *, read_after: float | None
-    ) -> _Statistics:
+    ) -> KeptRead:
         """The trie of `model`'s counts (of `tenant`'s scopes, if given) and what goes with it, read now,
         or with `read_after` one begun after it and at most `statistics_max_age_s` ago: replicas planned
         one after another share one read (building a trie of 50,000 prefixes takes about 0.7 s). A kept
         trie is decayed to `now` when asked; only counts younger than it are not in it, and those are
-        younger than `read_after`. Every read is kept for the next. The trie is built in a worker
-        thread: ingestion, on the event loop, goes on meanwhile.
-
-        While this planner counts every request (`counting_alone`), a kept read absorbs the batches it
-        committed since (`core.absorbed_counts`) and serves every start for `statistics_live_s`: it then
-        holds what a read now would, without the read and the build."""
+        younger than `read_after`; while this planner counts alone, a kept read absorbs its commits and
+        serves for `statistics_live_s` (`kept_reads.py`). Every read is kept for the next. The trie is
+        built in a worker thread: ingestion, on the event loop, goes on meanwhile."""
         key = (model, tenant)
-        for aged in [
-            k for k, read in self._kept.items() if not read.read_at <= now < read.read_at + self._age(k)
-        ]:
-            self._drop(aged)  # a trie of a large model is big: none is held past its use
-        kept = self._kept.get(key)
-        if read_after is not None and kept is not None:
-            if key in self._absorbed and await self._absorb(key, kept, now):
-                self._kept.move_to_end(key)
-                self._count("absorbed")
-                return kept
-            if kept.begun > read_after:
-                self._kept.move_to_end(key)
-                self._count("shared")
-                return kept
-        begun = self._monotonic()
-        begun_after = self._seq
+        kept = await self._kept.serving(key, now, read_after)
+        if kept is not None:
+            return kept
         horizon = weight_horizon_s(self._settings.half_life_s, self._settings.frequency_half_life_s)
         since = now - min(timedelta(hours=self._settings.window_hours), timedelta(seconds=horizon))
-        self._reading.append(begun_after)
-        try:
+        with self._kept.reading() as ticket:
             stats = await self._store.statistics(model, int(since.timestamp()) // self._bucket_seconds)
-        finally:
-            self._reading.remove(begun_after)
         names = await self._store.scope_names(sorted({scope for scope, _ in stats.prefixes}))
         scope_of = _scopes_by_prefix(stats, names, tenant)
         fitted = self._fitted_within(key, now)
         trie, calibration = await asyncio.to_thread(self._build, stats, scope_of, now, model, fitted)
         if fitted is None and self._settings.calibration_max_age_s:
             self._fitted[key] = (now, calibration)
-            if len(self._fitted) > _STATISTICS_KEPT:
+            if len(self._fitted) > KEPT_READS:
                 self._fitted.popitem(last=False)
         renderable = {prefix for prefix, scope in scope_of.items() if (scope, prefix) in stats.catalogued}
-        read = _Statistics(now, begun, trie, scope_of, names, renderable, calibration)
-        through = self._held_by(begun, begun_after, stats.positions)
-        if through is not None or self._settings.statistics_max_age_s:
-            self._drop(key)
-            self._kept[key] = read
-            if through is not None:
-                self._absorbed[key] = through
-            if len(self._kept) > _STATISTICS_KEPT:
-                self._drop(next(iter(self._kept)))
-        self._forget_committed()
-        self._count("read")
+        read = KeptRead(now, ticket.begun, trie, scope_of, names, renderable, calibration)
+        self._kept.keep(key, read, ticket, stats.positions)
         return read
-
-    def _count(self, how: str) -> None:
-        if self._metrics is not None:
-            self._metrics.statistics_reads.labels(how).inc()
-
-    def _age(self, key: tuple[str, str | None]) -> timedelta:
-        """How long `key`'s kept read serves: `statistics_live_s` while it absorbs, else
-        `statistics_max_age_s`."""
-        live = key in self._absorbed
-        return timedelta(
-            seconds=self._settings.statistics_live_s if live else self._settings.statistics_max_age_s
-        )
-
-    def _drop(self, key: tuple[str, str | None]) -> None:
-        self._kept.pop(key, None)
-        self._absorbed.pop(key, None)
-
-    def _held_by(
-        self, begun: float, begun_after: int, positions: Mapping[Partition, int] | None
-    ) -> int | None:
-        """The last committed batch a read begun at `begun` holds, when it may absorb the later ones: this
-        planner counted alone since before it, and the read's snapshot says where its partitions stood.
-        Batches committed before it began are in it; of those committed while it ran, the ones its
-        snapshot's positions cover (the writer commits one batch after another)."""
-        if positions is None or not self._settings.statistics_live_s:
-            return None
-        if self._alone_since is None or self._alone_since > begun:
-            return None
-        through = begun_after
-        for committed in self._committed:
-            if committed.seq <= begun_after:
-                continue
-            if committed.seq != through + 1:
-                return None  # some were let go (`_ABSORB_MAX_REQUESTS`): which is unknown
-            if any(positions.get(p, 0) < offset for p, offset in committed.positions.items()):
-                break
-            through = committed.seq
-        return through
-
-    async def _absorb(self, key: tuple[str, str | None], kept: _Statistics, now: datetime) -> bool:
-        """Bring `kept` up to date with the batches committed since it last absorbed (`core.absorbed_counts`);
-        False, and it absorbs no more, when that cannot be done (a read is needed)."""
-        through = self._absorbed[key]
-        pending = [committed for committed in self._committed if committed.seq > through]
-        if not self._alone_before(kept) or (pending[0].seq if pending else self._seq + 1) != through + 1:
-            del self._absorbed[key]
-            return False
-        if pending:
-            model, tenant = key
-            absorbed = await asyncio.to_thread(
-                absorb,
-                kept.trie,
-                kept.scope_of,
-                kept.renderable,
-                [committed.batch for committed in pending],
-                scope_ids={(t, model, rev): scope for scope, (t, rev) in kept.names.items()},
-                model=model,
-                tenant=tenant,
-                bucket_seconds=self._bucket_seconds,
-                now=now.timestamp(),
-            )
-            if not absorbed or not self._alone_before(kept):  # a rebalance while it absorbed: read
-                self._absorbed.pop(key, None)
-                self._forget_committed()
-                return False
-            self._absorbed[key] = pending[-1].seq
-            self._forget_committed()
-        return True
-
-    def _alone_before(self, kept: _Statistics) -> bool:
-        """Whether this planner has counted alone since before `kept` was read."""
-        return self._alone_since is not None and self._alone_since <= kept.begun
-
-    def _forget_committed(self) -> None:
-        """Let go of the committed batches every absorbing kept read and every read under way holds."""
-        floor = min([*self._absorbed.values(), *self._reading], default=self._seq)
-        while self._committed and self._committed[0].seq <= floor:
-            self._committed_requests -= len(self._committed.popleft().batch.requests.leaves)
 
     def _fitted_within(self, key: tuple[str, str | None], now: datetime) -> ReuseCalibration | None:
         """`key`'s calibration if it was fitted at most `calibration_max_age_s` before `now`."""
@@ -467,36 +328,11 @@ class WarmSetChooser:
 
 
 @dataclass(frozen=True, slots=True)
-class _Statistics:
-    """A model's statistics as read at `read_at`: its trie and the scopes and renderable prefixes."""
-
-    read_at: datetime
-    begun: float
-    """When the read began (`WarmSetChooser._monotonic`): counts committed before it are in it."""
-    trie: PrefixTrie
-    scope_of: dict[int, int]
-    names: dict[int, tuple[str, str]]
-    renderable: set[int]
-    calibration: ReuseCalibration
-    """Score to observed reuse on these counts (`policy.fit_calibration`), or the prior."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Committed:
-    """A batch this planner committed (`WarmSetChooser.counts_committed`), numbered in commit order, and
-    its partitions' next offsets after it."""
-
-    seq: int
-    batch: IngestBatch
-    positions: dict[Partition, int]
-
-
-@dataclass(frozen=True, slots=True)
 class _ModelView:
     """One model's state for one round of choices: its statistics (read now or kept), its tenants' epochs
     and its live replicas (always read now)."""
 
-    stats: _Statistics
+    stats: KeptRead
     epochs: dict[str, int]
     live: list[LiveReplica]
 

@@ -222,11 +222,12 @@ def test_a_batch_committed_while_the_read_ran_is_counted_once_whether_the_read_s
     run.counts_committed(missed, commit(store, missed, 12))  # after the snapshot
     asyncio.run(run.issue(started("b"), committed_at=time.monotonic()))
     assert len(store.asked) == 1
-    kept = run._chooser._kept[(MODEL.name, None)]  # the trie is what is asserted
+    kept = run._chooser._kept.peek((MODEL.name, None))  # the trie is what is asserted
     check = issuer(store, Published(), metrics, statistics_max_age_s=60)  # reads everything committed
     asyncio.run(check.issue(started("b")))
-    again = check._chooser._kept[(MODEL.name, None)]
+    again = check._chooser._kept.peek((MODEL.name, None))
     now = NOW.timestamp()
+    assert kept is not None and again is not None
     assert math.isclose(kept.trie.count(6, now), again.trie.count(6, now), rel_tol=1e-9)
     assert again.trie.count(6, now) > 500
 
