@@ -12,7 +12,8 @@ to the last (the group's stored offsets). Then, after one untimed start (its pla
 planner's consumers have joined their groups), `--starts` replicas of the traffic's model are announced one
 after another, each once the previous one's plan arrived (and then stopped, so the fleet stays one replica
 large), idle, then while this process publishes requests of that shape, encoded ahead and paced, at half that
-capacity (or at `--load-rate`: the capacity measured varies from run to run, a fixed rate compares runs and
+capacity (or at `--load-rate`; the starts are then spread over `--load-seconds`, so the load is steady
+however fast plans come; the capacity measured varies from run to run, a fixed rate compares runs and
 versions); between the two, `--burst` replicas are announced at once (a fleet scaling out by that many), each
 timed from the burst's sending, and then stopped. The loaded phase runs twice, side by side: first with a
 planner whose ingestion never yields to planning (`WARMPLANE_PLANS__INGEST_YIELD_S=0`), then, after a
@@ -141,10 +142,11 @@ async def start_latencies(
     going_on: Callable[[], bool] = lambda: True,
     heard: Arrivals | None = None,
     hops: list[float] | None = None,
+    every_s: float = 0.0,
 ) -> list[float]:
-    """Seconds from each of `starts` replicas' `replica.started` (sent, one after another) to its plan; no
-    start is sent once `going_on()` is false. With `heard` (`starts_heard`), each start's seconds to it go
-    to `hops`."""
+    """Seconds from each of `starts` replicas' `replica.started` (sent, one after another, at most one
+    every `every_s`) to its plan; no start is sent once `going_on()` is false. With `heard`
+    (`starts_heard`), each start's seconds to it go to `hops`."""
     lifecycle, codec = Topics(kafka.topic_prefix).lifecycle, EventCodec(kafka.max_event_bytes)
     latencies = []
     for i in range(starts):
@@ -164,6 +166,7 @@ async def start_latencies(
             hops.append(heard.arrived[start.event_id] - sent)
         stop = ReplicaStopped(event_id=new_event_id(), occurred_at=datetime.now(UTC), **common)  # type: ignore[arg-type]
         await producer.send_and_wait(lifecycle, codec.encode(stop), key=partition_key(stop))
+        await asyncio.sleep(max(0.0, sent + every_s - time.perf_counter()))
     return latencies
 
 
@@ -291,7 +294,7 @@ class Spent:
         events, yielded = 0.0, 0.0
         for (name, labels), value in after.items():
             gained = value - before.get((name, labels), 0.0)
-            if name == "warmplane_planner_events_total":
+            if name == "warmplane_planner_events_ingested_total":
                 events += gained
             elif name == "warmplane_planner_ingest_yielded_seconds_total":
                 yielded += gained
@@ -328,6 +331,10 @@ async def planner_process(settings: PlannerSettings, log: Path) -> AsyncIterator
         await asyncio.wait_for(child.wait(), 60)
 
 
+_LOAD_LEAD_S = 2.0
+"""Seconds the load runs before a loaded phase's first start."""
+
+
 async def loaded_phase(
     kafka: KafkaSettings,
     warmer: Arrivals,
@@ -339,12 +346,13 @@ async def loaded_phase(
     phase: str,
     heard: Arrivals,
 ) -> Loaded:
-    """Starts announced one after another while requests are paced at `rate` events/s."""
+    """Starts announced one after another while requests are paced at `rate` events/s, spread over the
+    load's length: a plan that comes quickly does not end the phase before the load is steady."""
     pool = encoded_load(kafka, int(rate * args.load_seconds))
     load = asyncio.create_task(paced_load(kafka, producer, pool, rate))
     began = time.perf_counter()
     try:
-        await asyncio.sleep(2)  # the load under way
+        await asyncio.sleep(_LOAD_LEAD_S)  # the load under way
         before, scraped = await scrape(metrics), time.perf_counter()
         hops: list[float] = []
         latencies = await start_latencies(
@@ -356,6 +364,7 @@ async def loaded_phase(
             going_on=lambda: not load.done(),
             heard=heard,
             hops=hops,
+            every_s=max(0.0, args.load_seconds - _LOAD_LEAD_S - 2) / args.starts,
         )
         spent = Spent.between(before, await scrape(metrics))
         spent.work[_HOP] = (len(hops), sum(hops))

@@ -8,12 +8,13 @@ the start.
 **Absorbing.** While this planner's consumer owns every partition of the requests topic (`counting_alone`,
 told on each assignment), the batches it commits hold all a later read would add. The writer hands each
 committed batch and its partitions' next offsets here (`counts_committed`), and a kept read absorbs them
-(`core.absorbed_counts`) before it serves a start, for `statistics_live_s`: it then holds what a read now
-would, without the read and the trie build. A read says, in the same snapshot, where the group's offsets
-stood (`ModelStatistics.positions`): batches committed before it began are in it, and of those committed
-while it ran, the ones its offsets cover (the writer commits one batch after another), so each is absorbed
-once or not at all. A scope the read did not see, a chain it lacks, a rebalance, or more than
-`ABSORB_MAX_REQUESTS` requests waiting mean a read, as with several planners counting.
+(`core.absorbed_counts`) before it serves a plan, for `statistics_live_s`: it then holds what a read now
+would, without the read and the trie build, so re-plans (a bump, an alarm, a fleet change) take it too. A
+read says, in the same snapshot, where the group's offsets stood (`ModelStatistics.positions`): batches
+committed before it began are in it, and of those committed while it ran, the ones its offsets cover (the
+writer commits one batch after another), so each is absorbed once or not at all. A scope the read did not
+see, a chain it lacks, a rebalance, or more than `ABSORB_MAX_REQUESTS` requests waiting mean a read, as
+with several planners counting.
 
 One kept read serves at a time (`WarmSetChooser` chooses under a lock): absorbing changes its trie in a
 worker thread.
@@ -131,18 +132,19 @@ class KeptReads:
         return self._kept.get(key)
 
     async def serving(self, key: Key, now: datetime, read_after: float | None) -> KeptRead | None:
-        """`key`'s kept read if it may serve a plan at `now`: absorbing, brought up to date; or, with
-        `read_after` (a start's batch's commit), begun after it. None: read. Reads past their age go."""
+        """`key`'s kept read if it may serve a plan at `now`: absorbing, brought up to date (it then holds
+        what a read would: any plan may take it, a re-plan too); or, with `read_after` (starts whose batches
+        committed then), begun after it. None: read. Reads past their age go."""
         for aged in [
             k for k, read in self._kept.items() if not read.read_at <= now < read.read_at + self._age(k)
         ]:
             self._drop(aged)  # a trie of a large model is big: none is held past its use
         kept = self._kept.get(key)
-        if read_after is None or kept is None:
+        if kept is None:
             return None
         if key in self._absorbed and await self._absorb(key, kept, now):
             how = "absorbed"
-        elif kept.begun > read_after:
+        elif read_after is not None and kept.begun > read_after:
             how = "shared"
         else:
             return None

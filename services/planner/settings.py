@@ -122,12 +122,13 @@ class PlanSettings(BaseModel):
     """Plans of starting replicas chosen within this long of one read of a model's counts share it (a
     rolling deploy starts replica after replica; each read builds the model's trie), if the read began
     after their starts' batches committed; counts younger than the read wait for the next. Re-plans (a
-    bump, an alarm, a fleet change) always read. 0 reads for every plan."""
+    bump, an alarm, a fleet change) always read, unless a read absorbs (`statistics_live_s`). 0 reads for
+    every plan."""
     statistics_live_s: Annotated[float, Field(ge=0, le=3_600)] = 60.0
     """While this planner counts every request of the traffic topics (it owns all their partitions), a read
     of a model's counts absorbs the batches it commits afterwards (`core/absorbed_counts.py`) and serves
-    every plan of a starting replica for this long: it holds what a read would, without the read and the
-    trie build that dominate a start's plan under load. Re-plans still read. 0 never absorbs."""
+    every plan for this long, re-plans included: it holds what a read would, without the read and the trie
+    build that dominate a start's plan under load. 0 never absorbs."""
     calibration_max_age_s: Annotated[float, Field(ge=0, le=3_600)] = 60.0
     """A model's map from score to observed reuse (`policy.fit_calibration`), fitted at a read of its
     counts, serves the reads within this long after it: it describes how the model's traffic reuses

@@ -23,6 +23,7 @@ from warmplane.services.planner.core.absorbed_counts import absorb
 from warmplane.services.planner.core.ingest_batch import IngestBatch, RequestColumns, Scope, fold_events
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.policy import LeafCount, PrefixTrie, StoredPrefix, trie_from_counts
+from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import ModelRef, RequestObserved
 from warmplane.shared.prefix_chain import Namespace, chain_from_segments
 
@@ -245,3 +246,21 @@ def test_a_batch_in_a_scope_the_read_did_not_see_makes_the_next_start_read() -> 
     run.counts_committed(batch, {TOPIC: 11})
     asyncio.run(run.issue(started("b"), committed_at=time.monotonic()))
     assert len(store.asked) == 2
+
+
+def test_a_re_plan_takes_an_absorbing_read_which_holds_what_a_read_would() -> None:
+    """A fleet re-plan (an alarm, a scale-out) reads because what is known changed; an absorbing read is
+    as current as a read, so it takes that."""
+    store = three_tenants()
+    store.positions = {TOPIC: 10}
+    metrics = PlannerMetrics(CollectorRegistry())
+    run = issuer(store, Published(), metrics, statistics_max_age_s=0, statistics_live_s=60)
+    run.counting_alone(True)
+    store.live = [live("a", "starting")]
+    asyncio.run(run.issue(started("a")))
+    batch = hot_six()
+    run.counts_committed(batch, commit(store, batch, 11))
+    store.live = [live("a")]
+    [plan] = asyncio.run(run.plan_live(MODEL.name, new_event_id()))
+    assert len(store.asked) == 1
+    assert 6 in {item.prefix_id for item in plan.items}
