@@ -287,17 +287,21 @@ class Spent:
     """Events the planner counted."""
     yielded_s: float
     """Seconds its ingestion paused for planning."""
+    cpu_s: float = 0.0
+    """Seconds of CPU the planner's process used."""
 
     @classmethod
     def between(cls, before: dict[Any, float], after: dict[Any, float]) -> Spent:
         work: dict[str, tuple[int, float]] = {}
-        events, yielded = 0.0, 0.0
+        events, yielded, cpu = 0.0, 0.0, 0.0
         for (name, labels), value in after.items():
             gained = value - before.get((name, labels), 0.0)
             if name == "warmplane_planner_events_ingested_total":
                 events += gained
             elif name == "warmplane_planner_ingest_yielded_seconds_total":
                 yielded += gained
+            elif name == "process_cpu_seconds_total":
+                cpu += gained
             if name == "warmplane_planner_batch_write_seconds_count":
                 what = "batch write"
             elif name == "warmplane_planner_planning_seconds_count":
@@ -313,7 +317,7 @@ class Spent:
             total = name.removesuffix("_count") + "_sum"
             count = int(value - before.get((name, labels), 0))
             work[what] = (count, after[(total, labels)] - before.get((total, labels), 0.0))
-        return cls(work, round(events), yielded)
+        return cls(work, round(events), yielded, cpu)
 
 
 @contextlib.asynccontextmanager
@@ -510,9 +514,17 @@ def _report(
         ],
     )
     recorder.table(
-        "Ingestion in each loaded phase: what the planner counted, against what was sent, and how long it"
-        " paused for planning.",
-        ["phase", "seconds", "events counted a second", "events sent a second", "ingestion paused s"],
+        "Ingestion in each loaded phase: what the planner counted, against what was sent (this process sends"
+        " it, on the same cores: it may fall short of the pace), how long it paused for planning, and the"
+        " planner's CPU.",
+        [
+            "phase",
+            "seconds",
+            "events counted a second",
+            "events sent a second",
+            "ingestion paused s",
+            "planner CPU s",
+        ],
         [
             [
                 name,
@@ -520,13 +532,17 @@ def _report(
                 f"{phase.spent.events / phase.seconds:,.0f}",
                 f"{phase.achieved:,.0f}",
                 f"{phase.spent.yielded_s:.2f}",
+                f"{phase.spent.cpu_s:.1f}",
             ]
             for name, phase in loaded.items()
         ],
     )
     for phase, by_work in spent.items():
         said = [f"{w} {n} x {1000 * t / n:.1f} ms" for w, (n, t) in by_work.work.items() if n]
-        print(f"{phase}: {', '.join(said)}; ingestion paused {by_work.yielded_s:.2f} s")
+        print(
+            f"{phase}: {', '.join(said)}; ingestion paused {by_work.yielded_s:.2f} s;"
+            f" planner CPU {by_work.cpu_s:.1f} s, {by_work.events:,} events counted"
+        )
     counts = ", ".join(f"{name}: {len(phase.latencies)}" for name, phase in loaded.items())
     recorder.note(
         f"Target: p99 <= 200 ms at half capacity. One run, {args.starts} starts a phase (under load, those"
