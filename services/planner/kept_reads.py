@@ -13,7 +13,7 @@ would, without the read and the trie build, so re-plans (a bump, an alarm, a fle
 read says, in the same snapshot, where the group's offsets stood (`ModelStatistics.positions`): batches
 committed before it began are in it, and of those committed while it ran, the ones its offsets cover (the
 writer commits one batch after another), so each is absorbed once or not at all. A scope the read did not
-see, a chain it lacks, a rebalance, or more than `ABSORB_MAX_REQUESTS` requests waiting mean a read, as
+see, a chain it lacks, a rebalance, or more than `ABSORB_MAX_KEYS` counts waiting mean a read, as
 with several planners counting.
 
 One kept read serves at a time (`WarmSetChooser` chooses under a lock): absorbing changes its trie in a
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from warmplane.services.planner.core.absorbed_counts import absorb
+from warmplane.services.planner.core.absorbed_counts import CommittedCounts, absorb
 from warmplane.services.planner.core.ingest_batch import IngestBatch
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.policy import PrefixTrie, ReuseCalibration
@@ -40,9 +40,10 @@ Key = tuple[str, str | None]
 Partition = tuple[str, int]
 KEPT_READS = 16
 """Reads kept at most, the least recently used let go first."""
-ABSORB_MAX_REQUESTS = 200_000
-"""Requests of committed batches held for kept reads to absorb; past it the oldest go, and a kept read that
-had not absorbed them reads again (a fresh read then costs less than absorbing them)."""
+ABSORB_MAX_KEYS = 500_000
+"""Counts of committed batches held for kept reads to absorb, in (scope, leaf, bucket) keys; past it the
+oldest go, and a kept read that had not absorbed them reads again (a fresh read then costs less than
+absorbing them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,7 @@ class _Committed:
     """A batch this planner committed, numbered in commit order, and its partitions' next offsets."""
 
     seq: int
-    batch: IngestBatch
+    counts: CommittedCounts
     positions: dict[Partition, int]
 
 
@@ -100,7 +101,7 @@ class KeptReads:
         """Since when this planner counts every request (`counting_alone`); None: not."""
         self._committed: deque[_Committed] = deque()
         """Batches committed since the oldest kept read still absorbing, or a read under way, began."""
-        self._committed_requests = 0
+        self._committed_keys = 0
         self._seq = 0
         """The number of the last batch put in `_committed`."""
         self._reading: list[int] = []
@@ -122,10 +123,11 @@ class KeptReads:
         if self._alone_since is None or not batch.requests.leaves or not (self._absorbed or self._reading):
             return
         self._seq += 1
-        self._committed.append(_Committed(self._seq, batch, dict(positions)))
-        self._committed_requests += len(batch.requests.leaves)
-        while self._committed_requests > ABSORB_MAX_REQUESTS:
-            self._committed_requests -= len(self._committed.popleft().batch.requests.leaves)
+        counts = CommittedCounts.of(batch, self._bucket_seconds)
+        self._committed.append(_Committed(self._seq, counts, dict(positions)))
+        self._committed_keys += len(counts.requests)
+        while self._committed_keys > ABSORB_MAX_KEYS:
+            self._committed_keys -= len(self._committed.popleft().counts.requests)
 
     def peek(self, key: Key) -> KeptRead | None:
         """`key`'s kept read as it stands, whatever its age (for inspection)."""
@@ -191,7 +193,7 @@ class KeptReads:
             if committed.seq <= ticket.after:
                 continue
             if committed.seq != through + 1:
-                return None  # some were let go (`ABSORB_MAX_REQUESTS`): which is unknown
+                return None  # some were let go (`ABSORB_MAX_KEYS`): which is unknown
             if any(positions.get(p, 0) < offset for p, offset in committed.positions.items()):
                 break
             through = committed.seq
@@ -213,7 +215,7 @@ class KeptReads:
             kept.trie,
             kept.scope_of,
             kept.renderable,
-            [committed.batch for committed in pending],
+            [committed.counts for committed in pending],
             scope_ids={(t, model, rev): scope for scope, (t, rev) in kept.names.items()},
             model=model,
             tenant=tenant,
@@ -247,7 +249,7 @@ class KeptReads:
         """Let go of the committed batches every absorbing kept read and every read under way holds."""
         floor = min([*self._absorbed.values(), *self._reading], default=self._seq)
         while self._committed and self._committed[0].seq <= floor:
-            self._committed_requests -= len(self._committed.popleft().batch.requests.leaves)
+            self._committed_keys -= len(self._committed.popleft().counts.requests)
 
     def _count(self, how: str) -> None:
         if self._metrics is not None:

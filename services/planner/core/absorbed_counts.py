@@ -16,17 +16,37 @@ its window), or a new chain whose root has no tokens.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 
-from warmplane.services.planner.core.ingest_batch import IngestBatch, Scope
+from warmplane.services.planner.core.ingest_batch import ChainPath, IngestBatch, Scope, ScopedPrefix
 from warmplane.services.planner.policy import PrefixTrie
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedCounts:
+    """What one committed batch adds to the counts a plan reads: its requests summed per (scope, leaf,
+    time bucket), as Postgres sums them; its new chain ends; the prefixes it catalogued."""
+
+    requests: Counter[tuple[Scope, int, int]]
+    paths: Mapping[ScopedPrefix, ChainPath]
+    catalogued: Collection[ScopedPrefix]
+
+    @classmethod
+    def of(cls, batch: IngestBatch, bucket_seconds: int) -> CommittedCounts:
+        """`batch`'s counts, summed in C (a batch repeats its keys: held summed, they cost a key, not a
+        request, to keep and to absorb)."""
+        columns = batch.requests
+        buckets = [int(seconds) // bucket_seconds for seconds in columns.seconds]
+        summed = Counter(zip(columns.scopes, columns.leaves, buckets, strict=True))
+        return cls(summed, batch.paths, batch.catalog.keys())
 
 
 def absorb(
     trie: PrefixTrie,
     scope_of: dict[int, int],
     renderable: set[int],
-    batches: Iterable[IngestBatch],
+    batches: Iterable[CommittedCounts],
     *,
     scope_ids: Mapping[Scope, int],
     model: str,
@@ -76,7 +96,7 @@ class _Added:
     def _ours(self, scope: Scope) -> bool:
         return scope[1] == self._model and (self._tenant is None or scope[0] == self._tenant)
 
-    def take(self, batch: IngestBatch, bucket_seconds: int, now: float) -> bool:
+    def take(self, batch: CommittedCounts, bucket_seconds: int, now: float) -> bool:
         """Gather `batch`; False if it counts in a scope of ours the read did not see."""
         scope_ids = self._scope_ids
         for (scope, _leaf), path in batch.paths.items():
@@ -90,16 +110,15 @@ class _Added:
                     self.parents[prefix], self.stated[prefix] = edge.parent_id, edge.tokens
                     self.scope_of[prefix] = scope_id
         half = bucket_seconds / 2
-        columns = batch.requests
-        for scope, leaf, seconds in zip(columns.scopes, columns.leaves, columns.seconds, strict=True):
+        for (scope, leaf, bucket), requests in batch.requests.items():
             if not self._ours(scope):
                 continue
             if scope not in scope_ids:
                 return False
-            self.counts[(leaf, min(now, int(seconds) // bucket_seconds * bucket_seconds + half))] += 1
+            self.counts[(leaf, min(now, bucket * bucket_seconds + half))] += requests
         self.catalogued.extend(
             (scope_ids[scope], prefix)
-            for scope, prefix in batch.catalog
+            for scope, prefix in batch.catalogued
             if self._ours(scope) and scope in scope_ids
         )
         return True

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.planner.memory_planner import BUCKET, MODEL, NOW, MemoryPlans, Published
 from tests.unit.planner.test_plan_issuer import issuer, live, started, three_tenants
-from warmplane.services.planner.core.absorbed_counts import absorb
+from warmplane.services.planner.core.absorbed_counts import CommittedCounts, absorb
 from warmplane.services.planner.core.ingest_batch import IngestBatch, RequestColumns, Scope, fold_events
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.policy import LeafCount, PrefixTrie, StoredPrefix, trie_from_counts
@@ -107,7 +107,7 @@ def test_a_trie_that_absorbed_committed_batches_is_the_trie_a_read_now_builds(
         trie,
         scope_of,
         renderable,
-        batches,
+        [CommittedCounts.of(batch, BUCKET_S) for batch in batches],
         scope_ids={SCOPE: 7},
         model=SCOPE[1],
         tenant=None,
@@ -131,7 +131,7 @@ def test_a_count_in_a_scope_the_read_did_not_see_is_not_placed_and_changes_nothi
         trie,
         {},
         set(),
-        [batch],
+        [CommittedCounts.of(batch, BUCKET_S)],
         scope_ids={("other", SCOPE[1], "v1"): 1},
         model=SCOPE[1],
         tenant=None,
