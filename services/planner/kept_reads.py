@@ -156,14 +156,15 @@ class KeptReads:
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[ReadTicket]:
-        """Around a read of the counts: the batches committed meanwhile are held until `keep` says which
-        of them it holds."""
+        """Around a read of the counts, up to its `keep`: the batches committed meanwhile are held, and
+        `keep` says which of them the read holds."""
         ticket = ReadTicket(self._monotonic(), self._seq)
         self._reading.append(ticket.after)
         try:
             yield ticket
         finally:
             self._reading.remove(ticket.after)
+            self._forget_committed()
 
     def keep(
         self, key: Key, read: KeptRead, ticket: ReadTicket, positions: Mapping[Partition, int] | None

@@ -272,19 +272,21 @@ class WarmSetChooser:
             return kept
         horizon = weight_horizon_s(self._settings.half_life_s, self._settings.frequency_half_life_s)
         since = now - min(timedelta(hours=self._settings.window_hours), timedelta(seconds=horizon))
+        # Until the read is kept, batches committing meanwhile are held for it to absorb: those after its
+        # snapshot are in neither the read nor, later, a read of its own.
         with self._kept.reading() as ticket:
             stats = await self._store.statistics(model, int(since.timestamp()) // self._bucket_seconds)
-        names = await self._store.scope_names(sorted({scope for scope, _ in stats.prefixes}))
-        scope_of = _scopes_by_prefix(stats, names, tenant)
-        fitted = self._fitted_within(key, now)
-        trie, calibration = await asyncio.to_thread(self._build, stats, scope_of, now, model, fitted)
-        if fitted is None and self._settings.calibration_max_age_s:
-            self._fitted[key] = (now, calibration)
-            if len(self._fitted) > KEPT_READS:
-                self._fitted.popitem(last=False)
-        renderable = {prefix for prefix, scope in scope_of.items() if (scope, prefix) in stats.catalogued}
-        read = KeptRead(now, ticket.begun, trie, scope_of, names, renderable, calibration)
-        self._kept.keep(key, read, ticket, stats.positions)
+            names = await self._store.scope_names(sorted({scope for scope, _ in stats.prefixes}))
+            scope_of = _scopes_by_prefix(stats, names, tenant)
+            fitted = self._fitted_within(key, now)
+            trie, calibration = await asyncio.to_thread(self._build, stats, scope_of, now, model, fitted)
+            if fitted is None and self._settings.calibration_max_age_s:
+                self._fitted[key] = (now, calibration)
+                if len(self._fitted) > KEPT_READS:
+                    self._fitted.popitem(last=False)
+            renderable = {p for p, scope in scope_of.items() if (scope, p) in stats.catalogued}
+            read = KeptRead(now, ticket.begun, trie, scope_of, names, renderable, calibration)
+            self._kept.keep(key, read, ticket, stats.positions)
         return read
 
     def _fitted_within(self, key: tuple[str, str | None], now: datetime) -> ReuseCalibration | None:

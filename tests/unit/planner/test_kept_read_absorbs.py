@@ -264,3 +264,28 @@ def test_a_re_plan_takes_an_absorbing_read_which_holds_what_a_read_would() -> No
     [plan] = asyncio.run(run.plan_live(MODEL.name, new_event_id()))
     assert len(store.asked) == 1
     assert 6 in {item.prefix_id for item in plan.items}
+
+
+def test_a_batch_committed_while_the_trie_is_built_is_absorbed_by_the_next_start() -> None:
+    """The read is done, its trie still being built: a batch committed then is in neither, and the kept
+    read must absorb it."""
+    store = three_tenants()
+    store.positions = {TOPIC: 10}
+    metrics = PlannerMetrics(CollectorRegistry())
+    run = issuer(store, Published(), metrics, statistics_max_age_s=0, statistics_live_s=60)
+    run.counting_alone(True)
+    late, names = hot_six(400), store.scope_names
+
+    async def committing_meanwhile(scope_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+        if store.positions == {TOPIC: 10}:  # once, after the counts were read
+            run.counts_committed(late, commit(store, late, 11))
+        return await names(scope_ids)
+
+    store.scope_names = committing_meanwhile  # type: ignore[method-assign]
+    store.live = [live("a", "starting"), live("b", "starting")]
+    asyncio.run(run.issue(started("a")))
+    asyncio.run(run.issue(started("b"), committed_at=time.monotonic()))
+    assert len(store.asked) == 1
+    kept = run._chooser._kept.peek((MODEL.name, None))
+    assert kept is not None
+    assert kept.trie.count(6, NOW.timestamp()) > 400
