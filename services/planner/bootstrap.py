@@ -22,6 +22,7 @@ from warmplane.services.planner.core.ingest_batch import IngestBatch
 from warmplane.services.planner.core.node_cache import NodeCache
 from warmplane.services.planner.core.triggers import (
     BumpToPlan,
+    CountsToAbsorb,
     DeployToApply,
     HeartbeatsHeard,
     OutcomesReported,
@@ -29,6 +30,7 @@ from warmplane.services.planner.core.triggers import (
     RequestsCounted,
     RewarmToPlan,
     StartsToPlan,
+    Trigger,
     triggers_of,
 )
 from warmplane.services.planner.fleet_reactions import FleetReactor
@@ -69,7 +71,8 @@ class PlannerParts:
 
 URGENT = frozenset({StartsToPlan, RewarmToPlan, BumpToPlan, DeployToApply, ReadyToReplan})
 """Triggers someone waits on (a replica for its plan before it turns ready, a tenant for its new epoch's
-plans): ingestion yields to them (`planning.py`). Heartbeats, outcomes and request counts do not."""
+plans): ingestion yields to them (`planning.py`). Heartbeats, outcomes, request counts and counts to
+absorb do not."""
 
 
 def planning_handlers(reactor: FleetReactor) -> dict[type, Handler]:
@@ -83,6 +86,7 @@ def planning_handlers(reactor: FleetReactor) -> dict[type, Handler]:
         HeartbeatsHeard: reactor.hear,
         OutcomesReported: reactor.count_outcomes,
         RequestsCounted: reactor.judge_cold_starts,
+        CountsToAbsorb: reactor.absorb_counts,
     }
 
 
@@ -136,9 +140,12 @@ def bootstrap(
 
     async def after_commit(batch: IngestBatch, positions: Offsets) -> None:
         # The batch committed: what it triggers is planned from counts that include it (`planning.py`), and
-        # the kept reads absorb its counts before they serve another plan (`plan_choice`).
-        issuer.counts_committed(batch, positions)
-        triggers = triggers_of(batch, time.monotonic(), bucket_seconds=reactor.request_buckets_s)
+        # the kept reads absorb its counts, while the planning task is free or before their next plan
+        # (`kept_reads.py`).
+        buckets = reactor.request_buckets_s
+        triggers: list[Trigger] = triggers_of(batch, time.monotonic(), bucket_seconds=buckets)
+        if issuer.counts_committed(batch, positions):
+            triggers.append(CountsToAbsorb())
         committed = datetime.now(UTC)
         for trigger in triggers:
             if isinstance(trigger, StartsToPlan):

@@ -44,6 +44,7 @@ from warmplane.services.planner.core.cold_start import ColdStartMonitor, ColdSta
 from warmplane.services.planner.core.deploy_epochs import EpochState, Revisions, deploy_bumps
 from warmplane.services.planner.core.triggers import (
     BumpToPlan,
+    CountsToAbsorb,
     DeployToApply,
     HeartbeatsHeard,
     OutcomesReported,
@@ -158,6 +159,9 @@ class FleetReactor:
 
     async def count_outcomes(self, reported: OutcomesReported) -> None:
         await self._issuer.count_outcomes(reported.results)
+
+    async def absorb_counts(self, _waiting: CountsToAbsorb) -> None:
+        await self._issuer.absorb_committed()
 
     async def judge_cold_starts(self, counted: RequestsCounted) -> None:
         if not self._watch_cold_starts:

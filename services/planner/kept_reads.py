@@ -8,13 +8,13 @@ the start.
 **Absorbing.** While this planner's consumer owns every partition of the requests topic (`counting_alone`,
 told on each assignment), the batches it commits hold all a later read would add. The writer hands each
 committed batch and its partitions' next offsets here (`counts_committed`), and a kept read absorbs them
-(`core.absorbed_counts`) before it serves a plan, for `statistics_live_s`: it then holds what a read now
-would, without the read and the trie build, so re-plans (a bump, an alarm, a fleet change) take it too. A
-read says, in the same snapshot, where the group's offsets stood (`ModelStatistics.positions`): batches
-committed before it began are in it, and of those committed while it ran, the ones its offsets cover (the
-writer commits one batch after another), so each is absorbed once or not at all. A scope the read did not
-see, a chain it lacks, a rebalance, or more than `ABSORB_MAX_KEYS` counts waiting mean a read, as
-with several planners counting.
+(`core.absorbed_counts`) while the planning task is free (`absorb_waiting`) and before it serves a plan,
+for `statistics_live_s`: it then holds what a read now would, without the read and the trie build, so
+re-plans (a bump, an alarm, a fleet change) take it too. A read says, in the same snapshot, where the
+group's offsets stood (`ModelStatistics.positions`): batches committed before it began are in it, and of
+those committed while it ran, the ones its offsets cover (the writer commits one batch after another), so
+each is absorbed once or not at all. A scope the read did not see, a chain it lacks, a rebalance, or more
+than `ABSORB_MAX_KEYS` counts waiting mean a read, as with several planners counting.
 
 One kept read serves at a time (`WarmSetChooser` chooses under a lock): absorbing changes its trie in a
 worker thread.
@@ -117,17 +117,27 @@ class KeptReads:
         elif self._alone_since is None:
             self._alone_since = self._monotonic()
 
-    def counts_committed(self, batch: IngestBatch, positions: Mapping[Partition, int]) -> None:
+    def counts_committed(self, batch: IngestBatch, positions: Mapping[Partition, int]) -> bool:
         """`batch` committed, its partitions counted up to `positions` (next offsets): a kept read absorbs
-        it when it is next used. Held only while some kept read absorbs or a read is under way."""
+        it when it is next used, or at `absorb_waiting`. Held, and True, only while some kept read absorbs
+        or a read is under way."""
         if self._alone_since is None or not batch.requests.leaves or not (self._absorbed or self._reading):
-            return
+            return False
         self._seq += 1
         counts = CommittedCounts.of(batch, self._bucket_seconds)
         self._committed.append(_Committed(self._seq, counts, dict(positions)))
         self._committed_keys += len(counts.requests)
         while self._committed_keys > ABSORB_MAX_KEYS:
             self._committed_keys -= len(self._committed.popleft().counts.requests)
+        return True
+
+    async def absorb_waiting(self, now: datetime) -> None:
+        """Every absorbing kept read absorbs the batches committed since it last did (at `now`), so a plan
+        that comes next finds little left to absorb. One that cannot reads at its next plan."""
+        for key in list(self._absorbed):
+            kept = self._kept.get(key)
+            if kept is not None and key in self._absorbed:
+                await self._absorb(key, kept, now)
 
     def peek(self, key: Key) -> KeptRead | None:
         """`key`'s kept read as it stands, whatever its age (for inspection)."""

@@ -163,9 +163,16 @@ class WarmSetChooser:
         """Whether this planner counts every request of the traffic topics (`KeptReads.counting_alone`)."""
         self._kept.counting_alone(alone)
 
-    def counts_committed(self, batch: IngestBatch, positions: Mapping[Partition, int]) -> None:
-        """`batch` committed with its partitions at `positions` (`KeptReads.counts_committed`)."""
-        self._kept.counts_committed(batch, positions)
+    def counts_committed(self, batch: IngestBatch, positions: Mapping[Partition, int]) -> bool:
+        """`batch` committed with its partitions at `positions`; True if a kept read will absorb it
+        (`KeptReads.counts_committed`)."""
+        return self._kept.counts_committed(batch, positions)
+
+    async def absorb_committed(self) -> None:
+        """Kept reads absorb what was committed since they last did (`KeptReads.absorb_waiting`), between
+        choices."""
+        async with self._choosing:
+            await self._kept.absorb_waiting(self._clock())
 
     async def choose(
         self,

@@ -96,10 +96,14 @@ class PlanIssuer:
             metrics=metrics,
         )
 
-    def counts_committed(self, batch: IngestBatch, positions: Mapping[tuple[str, int], int]) -> None:
-        """`batch` committed with its partitions at `positions`: kept reads absorb its counts
+    def counts_committed(self, batch: IngestBatch, positions: Mapping[tuple[str, int], int]) -> bool:
+        """`batch` committed with its partitions at `positions`: True if kept reads will absorb its counts
         (`WarmSetChooser.counts_committed`)."""
-        self._chooser.counts_committed(batch, positions)
+        return self._chooser.counts_committed(batch, positions)
+
+    async def absorb_committed(self) -> None:
+        """Kept reads absorb the counts committed since they last did (`WarmSetChooser.absorb_committed`)."""
+        await self._chooser.absorb_committed()
 
     def counting_alone(self, alone: bool) -> None:
         """Whether this planner's consumer owns every partition of the traffic topics

@@ -56,7 +56,7 @@ class MemoryPlans:
         self.asked: list[tuple[str, int]] = []
         self.positions: dict[tuple[str, int], int] | None = None
         """What a read says the planner's group had counted to (`ModelStatistics.positions`)."""
-        self.during_read: list[Callable[[], None]] = []
+        self.during_read: list[Callable[[], object]] = []
         """Called inside the next read, before it looks: what commits while a read is under way."""
         self.fail = False
         self.epochs: dict[tuple[str, str], int] = {}

@@ -289,3 +289,23 @@ def test_a_batch_committed_while_the_trie_is_built_is_absorbed_by_the_next_start
     kept = run._chooser._kept.peek((MODEL.name, None))
     assert kept is not None
     assert kept.trie.count(6, NOW.timestamp()) > 400
+
+
+def test_committed_counts_are_absorbed_while_planning_is_free_and_the_next_start_finds_them() -> None:
+    store = three_tenants()
+    store.positions = {TOPIC: 10}
+    metrics = PlannerMetrics(CollectorRegistry())
+    run = issuer(store, Published(), metrics, statistics_max_age_s=0, statistics_live_s=60)
+    batch = hot_six()
+    assert not run.counts_committed(batch, {TOPIC: 10})  # nothing absorbs yet: nothing held
+    run.counting_alone(True)
+    store.live = [live("a", "starting"), live("b", "starting")]
+    asyncio.run(run.issue(started("a")))
+    assert run.counts_committed(batch, commit(store, batch, 11))
+    asyncio.run(run.absorb_committed())
+    kept = run._chooser._kept.peek((MODEL.name, None))
+    assert kept is not None and kept.trie.count(6, NOW.timestamp()) > 500
+    plan = asyncio.run(run.issue(started("b"), committed_at=time.monotonic()))
+    assert len(store.asked) == 1
+    assert plan is not None and 6 in {item.prefix_id for item in plan.items}
+    assert kept.trie.count(6, NOW.timestamp()) < 502  # absorbed once, not again by the start
