@@ -193,7 +193,7 @@ class Ingestor:
         self._after_commit = after_commit
         """Called with each batch holding records or requests once it committed, and its partitions' next
         offsets, before the next batch is written: it hands the batch's triggers to the planning task
-        (`planning.py`) and its counts to the kept reads (`plan_choice`), and does not plan."""
+        (`planning.py`) and its counts to the kept reads (`kept_reads.py`), and does not plan."""
         self._before_batch = before_batch
         """Awaited before a batch is decoded and before one is written: the planning task's
         `yield_to_urgent`, so a plan a replica waits for is not slowed down by ingestion."""

@@ -126,7 +126,7 @@ class PgPlanStore:
         the model's trie: plans are issued per replica start or fleet change, not per request.
 
         With the store's `group_id`, one snapshot holds the read and the group's positions: which of the
-        planner's committed batches the counts include (`plan_choice`: kept reads absorb the rest).
+        planner's committed batches the counts include (`kept_reads.py` absorbs the rest).
         """
         async with (
             self._pool.acquire() as connection,
