@@ -12,11 +12,12 @@ conversation's row) and each turn adds a path row of about 6 new blocks anchored
 leaf, `--turns-a-day` a day for each of `--days` days of history, a count per turn in its minute's
 bucket.
 
-For each history length it reads twice, `--runs` times each (medians): first with every row kept, as
+For each history length it reads three times, `--runs` times each (medians): first with every row kept, as
 the planner kept them while per-prefix counts stayed for the whole statistics retention (the baseline);
 then after the planner's retention sweep at the default settings (`pg_retention`: counts past
 `detail_retention_hours` summed per scope, unreached paths past that cut deleted), run until it deletes
-nothing more, as sweeps every few minutes over those days would have left the tables. It prints the
+nothing more, as sweeps every few minutes over those days would have left the tables; then from those
+tables again, bounded to `--max-nodes` chain nodes (`PlanSettings.max_nodes`). It prints the
 rows returned, the seconds of each read and of the trie build and the most memory they held at once (the
 planner's for a plan), beside the nodes the trie needs (those on the chains of the leaves counted in the
 window): the read's excess is their ratio.
@@ -126,9 +127,11 @@ def needed_nodes(paths: list[PathRow], counts: list[Count], since_bucket: int) -
     return len(needed)
 
 
-async def measure(pool: asyncpg.Pool, since_bucket: int, now: datetime) -> dict[str, float]:
+async def measure(
+    pool: asyncpg.Pool, since_bucket: int, now: datetime, max_nodes: int | None = None
+) -> dict[str, float]:
     began = time.perf_counter()
-    stats = await PgPlanStore(pool).statistics(MODEL, since_bucket)
+    stats = await PgPlanStore(pool).statistics(MODEL, since_bucket, max_nodes)
     read = time.perf_counter() - began
     began = time.perf_counter()
     trie_from_counts(
@@ -141,12 +144,14 @@ async def measure(pool: asyncpg.Pool, since_bucket: int, now: datetime) -> dict[
     return {"read": read, "build": time.perf_counter() - began, "rows": len(stats.prefixes)}
 
 
-async def peak_bytes(pool: asyncpg.Pool, since_bucket: int, now: datetime) -> int:
+async def peak_bytes(
+    pool: asyncpg.Pool, since_bucket: int, now: datetime, max_nodes: int | None = None
+) -> int:
     """The most memory one read and its trie held at once (`tracemalloc`, in a run of its own: tracing
     slows what it traces)."""
     tracemalloc.start()
     try:
-        await measure(pool, since_bucket, now)
+        await measure(pool, since_bucket, now, max_nodes)
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -196,11 +201,15 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
                 kept = await pool.fetchval("SELECT count(*) FROM prefix_paths")
                 swept = [await measure(pool, since_bucket, now) for _ in range(args.runs)]
                 swept_peak = await peak_bytes(pool, since_bucket, now)
+                bound = args.max_nodes
+                capped = [await measure(pool, since_bucket, now, bound) for _ in range(args.runs)]
+                capped_peak = await peak_bytes(pool, since_bucket, now, bound)
             finally:
                 await pool.close()
             for label, runs, rows_kept, peak, sweep_s in (
                 ("every row kept", unswept, len(paths), unswept_peak, "-"),
                 ("swept", swept, kept, swept_peak, f"{swept_s:.1f}"),
+                (f"swept, max {bound:,}", capped, kept, capped_peak, "-"),
             ):
                 rows = int(runs[0]["rows"])
                 read = statistics.median(run["read"] for run in runs)
@@ -221,6 +230,18 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
                 swept_peak / 2**20,
                 "MiB",
                 ("every path row kept", unswept_peak / 2**20),
+            )
+            recorder.figure(
+                f"memory of a read and its trie within max_nodes {bound:,}, {days} days of history",
+                capped_peak / 2**20,
+                "MiB",
+                ("unbounded, swept", swept_peak / 2**20),
+            )
+            recorder.figure(
+                f"memory a node read, {days} days of history",
+                swept_peak / int(swept[0]["rows"]),
+                "bytes",
+                None,
             )
             recorder.figure(
                 f"nodes read, {days} days of history",
@@ -250,6 +271,12 @@ if __name__ == "__main__":
     parser.add_argument("--days", type=int, nargs="+", default=[1, 8, 31])
     parser.add_argument("--turns-a-day", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--max-nodes",
+        type=int,
+        default=50_000,
+        help="the bound of the third read of each history (WARMPLANE_PLANS__MAX_NODES)",
+    )
     add_summary_option(parser)
     args = parser.parse_args()
     recorder = SummaryRecorder(

@@ -78,6 +78,34 @@ async def statistics_since_a_bucket_hold_newer_buckets_and_no_older(world: Choic
     assert await world.store.statistics("m", BUCKET + 2) == ModelStatistics([], [], set())
 
 
+async def a_read_holds_only_the_chains_of_leaves_counted_since(world: ChoiceWorld) -> None:
+    await world.ingest([request(6, at=AT - 10 * MINUTE), request(7)])
+    since = await world.store.statistics("m", BUCKET - 3)
+    assert leaf_counts(since) == [(7, BUCKET, 1)]
+    assert sorted(p.prefix_id for _s, p in since.prefixes) == [1, 7], "6 was counted before the window"
+    assert {key[1] for key in since.catalogued} == {7}
+
+
+async def a_bounded_read_takes_the_leaves_counted_last_whose_chains_fit(world: ChoiceWorld) -> None:
+    await world.ingest([request(7, at=AT - 2 * MINUTE), request(8, at=AT - MINUTE), request(7, at=AT)])
+    await world.ingest([*[request(9, at=AT) for _ in range(3)], request(10, at=AT - 3 * MINUTE)])
+    # Latest bucket first, then more requests in the window: 9 (three), 7 (two), 8, 10.
+    everything = await world.store.statistics("m", BUCKET - 5, None)
+    assert len(leaf_counts(everything)) == 5
+    within_3 = await world.store.statistics("m", BUCKET - 5, 3)
+    assert leaf_counts(within_3) == [(7, BUCKET - 2, 1), (7, BUCKET, 1), (9, BUCKET, 3)]
+    assert sorted(p.prefix_id for _s, p in within_3.prefixes) == [1, 7, 9]
+    assert {key[1] for key in within_3.catalogued} == {7, 9}
+    within_2 = await world.store.statistics("m", BUCKET - 5, 2)
+    assert (leaf_counts(within_2), sorted(p.prefix_id for _s, p in within_2.prefixes)) == (
+        [(9, BUCKET, 3)],
+        [1, 9],
+    )
+    assert await world.store.statistics("m", BUCKET - 5, 1) == ModelStatistics(
+        [], [], set(), everything.positions
+    ), "no chain fits"
+
+
 async def another_models_counts_never_appear(world: ChoiceWorld) -> None:
     await world.ingest([request(7), *[request(8, model="other") for _ in range(3)]])
     ours, theirs = await world.store.statistics("m", BUCKET), await world.store.statistics("other", BUCKET)
@@ -230,6 +258,8 @@ BEHAVIOURS: dict[str, Callable[[ChoiceWorld], Awaitable[None]]] = {
     behaviour.__name__: behaviour
     for behaviour in (
         statistics_since_a_bucket_hold_newer_buckets_and_no_older,
+        a_read_holds_only_the_chains_of_leaves_counted_since,
+        a_bounded_read_takes_the_leaves_counted_last_whose_chains_fit,
         another_models_counts_never_appear,
         payloads_are_those_of_catalogued_keys,
         scope_names_are_tenant_and_prompt_revision,

@@ -14,7 +14,9 @@ re-plans (a bump, an alarm, a fleet change) take it too. A read says, in the sam
 group's offsets stood (`ModelStatistics.positions`): batches committed before it began are in it, and of
 those committed while it ran, the ones its offsets cover (the writer commits one batch after another), so
 each is absorbed once or not at all. A scope the read did not see, a chain it lacks, a rebalance, or more
-than `ABSORB_MAX_KEYS` counts waiting mean a read, as with several planners counting.
+than `ABSORB_MAX_KEYS` counts waiting mean a read, as with several planners counting. So does a kept read
+grown past `max_nodes` by absorbing (a read takes the most recent leaves within it), and the least recently
+used kept reads go while together they hold more than that: what is kept is bounded by the setting.
 
 One kept read serves at a time (`WarmSetChooser` chooses under a lock): absorbing changes its trie in a
 worker thread.
@@ -188,9 +190,14 @@ class KeptReads:
             self._kept[key] = read
             if through is not None:
                 self._absorbed[key] = through
-            if len(self._kept) > KEPT_READS:
+            while len(self._kept) > KEPT_READS or (len(self._kept) > 1 and self._nodes_over()):
                 self._drop(next(iter(self._kept)))
         self._forget_committed()
+
+    def _nodes_over(self) -> bool:
+        """Whether the kept reads hold more chain nodes together than `max_nodes`."""
+        bound = self._settings.max_nodes
+        return bound is not None and sum(len(read.trie) for read in self._kept.values()) > bound
 
     def _held_by(self, ticket: ReadTicket, positions: Mapping[Partition, int] | None) -> int | None:
         """The last committed batch a read holds, when it may absorb the later ones: this planner counted
@@ -233,12 +240,16 @@ class KeptReads:
             bucket_seconds=self._bucket_seconds,
             now=now.timestamp(),
         )
-        if absorbed and self._alone_before(kept):  # else a rebalance came while it absorbed: read
-            self._absorbed[key] = pending[-1].seq
-        else:
+        if not (absorbed and self._alone_before(kept)):  # else a rebalance came while it absorbed: read
             self._absorbed.pop(key, None)
+            self._forget_committed()
+            return False
+        self._absorbed[key] = pending[-1].seq
+        bound = self._settings.max_nodes
+        if bound is not None and len(kept.trie) > bound:
+            del self._absorbed[key]  # it serves this plan; the next reads, within the bound
         self._forget_committed()
-        return key in self._absorbed
+        return True
 
     def _alone_before(self, kept: KeptRead) -> bool:
         """Whether this planner has counted alone since before `kept` was read."""

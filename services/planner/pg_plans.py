@@ -12,9 +12,9 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
+from warmplane.services.planner.core.chains_read import ChainsNeeded
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelStatistics
 from warmplane.services.planner.plans import Unplanned
-from warmplane.services.planner.policy import StoredPrefix
 from warmplane.services.planner.policy.replica_plan import NodeKey
 from warmplane.shared.events import LIVE_REPLICA_STATES, ModelRef, PrefixPayload, WarmFinished, WarmPlanIssued
 
@@ -24,12 +24,36 @@ _payload = msgspec.json.Decoder(PrefixPayload)
 _plan = msgspec.json.Decoder(WarmPlanIssued)
 
 SCOPES_OF_MODEL = "SELECT scope_id FROM scopes WHERE model = $1"
-NODES = "SELECT scope_id, prefix_id, parent_id, tokens FROM prefix_nodes WHERE scope_id = ANY($1::integer[])"
-LEAF_REQUESTS = """
-SELECT scope_id, prefix_id, bucket, requests FROM prefix_stats
-WHERE scope_id = ANY($1::integer[]) AND bucket >= $2 AND requests > 0
+PATHS_NEWEST_FIRST = """
+SELECT scope_id, anchor_id, ids, tokens FROM prefix_paths WHERE scope_id = ANY($1::integer[])
+ORDER BY first_seen DESC
 """
-CATALOGUED = "SELECT scope_id, prefix_id FROM prefix_catalog WHERE scope_id = ANY($1::integer[])"
+PATHS_HOLDING = """
+SELECT scope_id, anchor_id, ids, tokens FROM prefix_paths
+WHERE scope_id = ANY($1::integer[]) AND ids && $2::bigint[]
+ORDER BY first_seen DESC
+"""
+LEAF_REQUESTS = """
+WITH recent AS (
+    SELECT scope_id, prefix_id, max(bucket) AS latest, sum(requests) AS requests FROM prefix_stats
+    WHERE scope_id = ANY($1::integer[]) AND bucket >= $2 AND requests > 0
+    GROUP BY scope_id, prefix_id
+    ORDER BY latest DESC, requests DESC, scope_id, prefix_id
+    LIMIT $3
+)
+SELECT s.scope_id, s.prefix_id, s.bucket, s.requests
+FROM prefix_stats s JOIN recent USING (scope_id, prefix_id)
+WHERE s.bucket >= $2 AND s.requests > 0
+ORDER BY recent.latest DESC, recent.requests DESC, s.scope_id, s.prefix_id, s.bucket
+"""
+"""The counts of the `$3` leaves most recently counted (all of them if NULL), most recent first."""
+CATALOGUED = """
+SELECT c.scope_id, c.prefix_id FROM prefix_catalog c
+JOIN unnest($1::integer[], $2::bigint[]) AS k(scope_id, prefix_id) USING (scope_id, prefix_id)
+"""
+_PATH_ROWS_PREFETCH = 10_000
+_LOOKUPS_AGAIN = 8
+"""Rounds of looking up anchors met before their need was known (`chains_read`): one is the rule."""
 GROUP_OFFSETS = "SELECT topic, partition, next_offset FROM ingest_offsets WHERE group_id = $1"
 PAYLOADS = """
 SELECT c.scope_id, c.prefix_id, c.payload::text FROM prefix_catalog c
@@ -116,14 +140,18 @@ class PgPlanStore:
         self._group_id = group_id
         """The planner's ingest group: a statistics read says where its partitions stood (`positions`)."""
 
-    async def statistics(self, model: str, since_bucket: int) -> ModelStatistics:
-        """Every prefix of `model`'s scopes counted from `since_bucket` on (all its tenants and prompt
-        revisions with traffic since), its request counts per leaf and bucket from then, and which
-        prefixes the catalogue can render.
+    async def statistics(
+        self, model: str, since_bucket: int, max_nodes: int | None = None
+    ) -> ModelStatistics:
+        """The request counts per leaf and bucket of `model`'s scopes from `since_bucket` on (all its
+        tenants and prompt revisions with traffic since), the prefixes on the counted leaves' chains, and
+        which of those the catalogue can render.
 
-        A scope without a count since (a prompt revision deployed over, a tenant gone quiet) has nothing
-        to plan from, and its chains (kept for the retention, 31 days) are not read. Loads the rest of
-        the model's trie: plans are issued per replica start or fleet change, not per request.
+        With `max_nodes`, only the leaves most recently counted whose chains hold at most that many
+        prefixes together (`core.chains_read.bounded`): what a plan holds is then bounded by a setting,
+        not by the history. The chains are streamed, newest row first, and only the nodes on them kept
+        (`core.chains_read.ChainsNeeded`): a model's stored rows hold every node its traffic passed in
+        the detail retention. Plans are issued per replica start or fleet change, not per request.
 
         With the store's `group_id`, one snapshot holds the read and the group's positions: which of the
         planner's committed batches the counts include (`kept_reads.py` absorbs the rest).
@@ -140,18 +168,46 @@ class PgPlanStore:
             counts = [
                 (scope, leaf, bucket, requests)
                 for scope, leaf, bucket, requests in await connection.fetch(
-                    LEAF_REQUESTS, scopes, since_bucket
+                    LEAF_REQUESTS, scopes, since_bucket, max_nodes
                 )
             ]
             counted = sorted({count[0] for count in counts})
             if not counted:  # no scope, or none with traffic since
                 return ModelStatistics([], [], set(), positions)
-            prefixes = [
-                (scope, StoredPrefix(prefix, parent, tokens))
-                for scope, prefix, parent, tokens in await connection.fetch(NODES, counted)
-            ]
-            catalogued = {(s, p) for s, p in await connection.fetch(CATALOGUED, counted)}
+            leaves = list(dict.fromkeys((scope, leaf) for scope, leaf, _, _ in counts))  # most recent first
+            chains = await self._chains(connection, counted, leaves)
+            prefixes, taken = chains.bounded(leaves, max_nodes)
+            if len(taken) < len(leaves):
+                counts = [count for count in counts if (count[0], count[1]) in taken]
+            catalogued = {
+                (s, p)
+                for s, p in await connection.fetch(
+                    CATALOGUED, [scope for scope, _ in prefixes], [p.prefix_id for _, p in prefixes]
+                )
+            }
         return ModelStatistics(prefixes, counts, catalogued, positions)
+
+    @staticmethod
+    async def _chains(
+        connection: asyncpg.Connection, scopes: list[int], leaves: list[NodeKey]
+    ) -> ChainsNeeded:
+        """The stored prefixes on the chains of `leaves` (module doc of `core.chains_read`)."""
+        needed = ChainsNeeded(leaves)
+        async for scope, anchor, ids, tokens in connection.cursor(
+            PATHS_NEWEST_FIRST, scopes, prefetch=_PATH_ROWS_PREFETCH
+        ):
+            needed.take(scope, anchor, ids, tokens)
+        for _ in range(_LOOKUPS_AGAIN):
+            missing = needed.unresolved()
+            if not missing:
+                break
+            for scope, anchor, ids, tokens in await connection.fetch(
+                PATHS_HOLDING, sorted({s for s, _ in missing}), sorted({p for _, p in missing})
+            ):
+                needed.take(scope, anchor, ids, tokens)
+            if needed.unresolved() == missing:
+                break  # gone: swept, or never stored; the trie build leaves their leaves out
+        return needed
 
     async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]:
         """The catalogued payloads of `keys`; a key whose payload is gone (swept) or unreadable is absent."""

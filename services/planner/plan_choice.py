@@ -60,8 +60,8 @@ _ENVELOPE_BYTES = 4_096
 
 @dataclass(frozen=True, slots=True)
 class ModelStatistics:
-    """What a model's plans are chosen from: each prefix of each scope (scope id, prefix), request counts per
-    (scope id, leaf, bucket), and the prefixes the catalogue can render."""
+    """What a model's plans are chosen from: request counts per (scope id, leaf, bucket), the prefixes on
+    the counted leaves' chains (scope id, prefix), and which of those the catalogue can render."""
 
     prefixes: list[tuple[int, StoredPrefix]]
     counts: list[tuple[int, int, int, int]]
@@ -107,7 +107,9 @@ class Choice:
 class ChoiceStore(Protocol):
     """What choosing needs of the database (`pg_plans.PgPlanStore` is the real one)."""
 
-    async def statistics(self, model: str, since_bucket: int) -> ModelStatistics: ...
+    async def statistics(
+        self, model: str, since_bucket: int, max_nodes: int | None = None
+    ) -> ModelStatistics: ...
     async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]: ...
     async def scope_names(self, scope_ids: Sequence[int]) -> dict[int, tuple[str, str]]: ...
     async def current_epochs(self, model: str) -> dict[str, int]: ...
@@ -282,7 +284,9 @@ class WarmSetChooser:
         # Until the read is kept, batches committing meanwhile are held for it to absorb: those after its
         # snapshot are in neither the read nor, later, a read of its own.
         with self._kept.reading() as ticket:
-            stats = await self._store.statistics(model, int(since.timestamp()) // self._bucket_seconds)
+            stats = await self._store.statistics(
+                model, int(since.timestamp()) // self._bucket_seconds, self._settings.max_nodes
+            )
             names = await self._store.scope_names(sorted({scope for scope, _ in stats.prefixes}))
             scope_of = _scopes_by_prefix(stats, names, tenant)
             fitted = self._fitted_within(key, now)

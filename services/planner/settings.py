@@ -118,6 +118,14 @@ class PlanSettings(BaseModel):
     """How far back request counts are read at most. A read also stops at the weight horizon, 12 of the
     longest half-life (`policy.weight_horizon_s`: 2 hours at the defaults), past which counts weigh under
     2 ** -12: reading 24 hours would read ten times the buckets for the same plans."""
+    max_nodes: Annotated[int, Field(ge=1)] | None = 1_000_000
+    """Chain nodes a plan's read holds at most: the leaves most recently counted whose chains fit. A kept
+    read that outgrows it by absorbing reads again, and kept reads together hold at most this many beside
+    the newest (`kept_reads.py`). So what the planner holds for plans is bounded by this, not by the history
+    or the traffic rate: a read and its trie held about 650 bytes a node at their peak
+    (`python -m bench.statistics_read_bench`). Size it near the fleet's KV capacity in blocks: a store of
+    0.8 of it planned as one holding everything on the shipped traces (`python -m bench.store_eval`). None
+    holds every counted leaf."""
     statistics_max_age_s: Annotated[float, Field(ge=0, le=300)] = 10.0
     """Plans of starting replicas chosen within this long of one read of a model's counts share it (a
     rolling deploy starts replica after replica; each read builds the model's trie), if the read began

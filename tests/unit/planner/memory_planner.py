@@ -8,11 +8,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
+from warmplane.services.planner.core.chains_read import ChainsNeeded
 from warmplane.services.planner.core.deploy_epochs import EpochState, Revisions
 from warmplane.services.planner.core.ingest_batch import Scope
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelStatistics
 from warmplane.services.planner.plans import Unplanned
-from warmplane.services.planner.policy import StoredPrefix
 from warmplane.services.planner.policy.replica_plan import NodeKey
 from warmplane.shared.events import (
     LIVE_REPLICA_STATES,
@@ -74,7 +74,9 @@ class MemoryPlans:
         self.published: dict[uuid.UUID, datetime] = {}
         self.unplanned: list[Unplanned] = []
 
-    async def statistics(self, model: str, since_bucket: int) -> ModelStatistics:
+    async def statistics(
+        self, model: str, since_bucket: int, max_nodes: int | None = None
+    ) -> ModelStatistics:
         if self.fail:
             raise OSError("connection reset")
         self.asked.append((model, since_bucket))
@@ -86,13 +88,28 @@ class MemoryPlans:
             if scope in of_model and bucket >= since_bucket:
                 summed[(scope, leaf, bucket)] += requests
         counts = [(*key, requests) for key, requests in summed.items() if requests > 0]
-        # As Postgres: a scope without a count since has nothing to plan from, and none of it is read.
-        counted = {count[0] for count in counts}
+        # As Postgres: the leaves most recently counted first, only the nodes on their chains, within
+        # `max_nodes`; a scope without a count since has nothing to plan from, and none of it is read.
+        latest: dict[NodeKey, tuple[int, int]] = {}
+        for scope, leaf, bucket, requests in counts:
+            last, total = latest.get((scope, leaf), (bucket, 0))
+            latest[(scope, leaf)] = (max(last, bucket), total + requests)
+        leaves = sorted(latest, key=lambda key: (-latest[key][0], -latest[key][1], key))
+        chains = ChainsNeeded(leaves)
+        while True:  # each node a row of its own, in any order: a round a level, until none resolves more
+            wanted = chains.unresolved()
+            for scope, prefix, parent, tokens in self.prefixes:
+                chains.take(scope, parent, [prefix], [tokens])
+            if chains.unresolved() == wanted:
+                break
+        prefixes, taken = chains.bounded(leaves, max_nodes)
+        counts = [count for count in counts if (count[0], count[1]) in taken]
         catalogued = self.catalogued if self.catalogued is not None else set(self.payload_of)
+        held = {(scope, prefix.prefix_id) for scope, prefix in prefixes}
         return ModelStatistics(
-            [(s, StoredPrefix(p, parent, tokens)) for s, p, parent, tokens in self.prefixes if s in counted],
+            prefixes,
             counts,
-            {key for key in catalogued if key[0] in counted},
+            {key for key in catalogued if key in held},
             None if self.positions is None else dict(self.positions),
         )
 

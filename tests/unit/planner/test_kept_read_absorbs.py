@@ -21,8 +21,11 @@ from tests.unit.planner.memory_planner import BUCKET, MODEL, NOW, MemoryPlans, P
 from tests.unit.planner.test_plan_issuer import issuer, live, started, three_tenants
 from warmplane.services.planner.core.absorbed_counts import CommittedCounts, absorb
 from warmplane.services.planner.core.ingest_batch import IngestBatch, RequestColumns, Scope, fold_events
+from warmplane.services.planner.kept_reads import KeptRead, KeptReads
 from warmplane.services.planner.metrics import PlannerMetrics
 from warmplane.services.planner.policy import LeafCount, PrefixTrie, StoredPrefix, trie_from_counts
+from warmplane.services.planner.policy.calibration import PRIOR
+from warmplane.services.planner.settings import PlanSettings
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import ModelRef, RequestObserved
 from warmplane.shared.prefix_chain import Namespace, chain_from_segments
@@ -309,3 +312,55 @@ def test_committed_counts_are_absorbed_while_planning_is_free_and_the_next_start
     assert len(store.asked) == 1
     assert plan is not None and 6 in {item.prefix_id for item in plan.items}
     assert kept.trie.count(6, NOW.timestamp()) < 502  # absorbed once, not again by the start
+
+
+def test_a_kept_read_grown_past_max_nodes_serves_its_plan_and_the_next_one_reads() -> None:
+    """`max_nodes` bounds what a kept read holds: one that outgrows it by absorbing stops absorbing, and
+    the next plan reads again (the read takes the most recent leaves within the bound)."""
+    store = three_tenants()  # three roots: 8, 5 and 6
+    store.positions = {TOPIC: 10}
+    metrics = PlannerMetrics(CollectorRegistry())
+    run = issuer(store, Published(), metrics, statistics_max_age_s=0, statistics_live_s=60, max_nodes=3)
+    run.counting_alone(True)
+    store.live = [live("a", "starting"), live("b", "starting"), live("c", "starting")]
+    asyncio.run(run.issue(started("a")))
+    scope = ("tenant-2", MODEL.name, "v1")
+    below_six = RequestObserved(
+        event_id=uuid.uuid4(), occurred_at=NOW, producer="test", tenant=scope[0],
+        model=ModelRef(scope[1], "r1"), prompt_rev=scope[2], replica="x", chain=[6, 7],
+        chain_tokens=[200, 300], prompt_tokens=300,
+    )  # fmt: skip
+    batch = fold_events([below_six] * 4, stored_nodes={scope: {6}})
+    store.prefixes.append((2, 7, 6, 300))
+    store.counts.append((2, 7, BUCKET, 4))
+    store.positions = {TOPIC: 11}
+    assert run.counts_committed(batch, {TOPIC: 11})
+    asyncio.run(run.issue(started("b"), committed_at=time.monotonic()))
+    kept = run._chooser._kept.peek((MODEL.name, None))
+    assert len(store.asked) == 1, "the grown read served this plan"
+    assert kept is not None and len(kept.trie) == 4
+    asyncio.run(run.issue(started("c"), committed_at=time.monotonic()))
+    assert len(store.asked) == 2, "and no more: the next one read"
+    again = run._chooser._kept.peek((MODEL.name, None))
+    # Leaves of the latest bucket, most requests first: 8 (nine), then 7 (four) with its root 6; 5's chain
+    # no longer fits.
+    assert again is not None and {node.prefix_id for node in again.trie.nodes()} == {6, 7, 8}
+
+
+def test_kept_reads_hold_at_most_max_nodes_together_beside_the_newest() -> None:
+    settings = PlanSettings(max_nodes=5, statistics_max_age_s=60)
+    reads = KeptReads(settings, bucket_seconds=BUCKET_S, monotonic=time.monotonic)
+
+    def a_read(nodes: int) -> KeptRead:
+        trie = PrefixTrie(60.0)
+        for prefix in range(nodes):
+            trie.observe([prefix], [16], NOW.timestamp())
+        return KeptRead(NOW, time.monotonic(), trie, {}, {}, set(), PRIOR)
+
+    for key, nodes in ((("m", None), 2), (("m", "acme"), 3), (("m", "globex"), 6)):
+        with reads.reading() as ticket:
+            reads.keep(key, a_read(nodes), ticket, None)
+        held = [k for k in (("m", None), ("m", "acme"), ("m", "globex")) if reads.peek(k) is not None]
+        if key == ("m", "acme"):
+            assert held == [("m", None), ("m", "acme")], "five nodes together: both kept"
+    assert held == [("m", "globex")], "the newest stays, over the bound alone; the others go"
