@@ -183,6 +183,7 @@ def test_the_registry_holds_every_kept_bench_once_and_each_module_exists() -> No
         "ingest_chat",
         "store_eval",
         "fold",
+        "batch_write",
     }
     assert set(names) == kept
     for bench in BENCHES:
