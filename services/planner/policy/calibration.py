@@ -54,13 +54,14 @@ class ReuseCalibration:
         if not self.fitted:
             return -math.expm1(-max(0.0, score)) / PRIOR_DIVISOR
         right = bisect.bisect_left(self.scores, score)
-        if right == 0:
-            return self.probabilities[0]
         if right == len(self.scores):
             return self.probabilities[-1]
+        if right == 0 or self.scores[right] == score:
+            return self.probabilities[right]
         x0, x1 = math.log(self.scores[right - 1]), math.log(self.scores[right])
         y0, y1 = self.probabilities[right - 1], self.probabilities[right]
-        return y0 + (y1 - y0) * (math.log(score) - x0) / (x1 - x0)
+        # Clamped: rounding must not carry an interpolated value past its ends (out of [0, 1] at the top).
+        return min(y1, max(y0, y0 + (y1 - y0) * (math.log(score) - x0) / (x1 - x0)))
 
 
 PRIOR = ReuseCalibration((), (), fitted=False, samples=0)
