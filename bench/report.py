@@ -116,9 +116,6 @@ BENCHES = (
     Bench("stats_index", "bench.stats_index_bench", 0.3, 10,  # measured: 21 s
           "--batches 400 --runs 2",
           "The statistics' BRIN index vs none"),
-    Bench("paths_index", "bench.paths_index_bench", 1.9, 20,  # measured: 114 s
-          "--prefill 300000 --batches 300 --runs 2",
-          "The chain paths' sweep indexes vs none"),
     Bench("statistics_read", "bench.statistics_read_bench", 3, 20,  # measured: 180 s
           "--days 1 8 31 --turns-a-day 20000 --runs 3",
           "A plan's statistics read as chat history accumulates"),

@@ -7,15 +7,18 @@ A plan is chosen from `PgPlanStore.statistics`: the model's chain nodes, its req
 window (`WARMPLANE_PLANS__WINDOW_HOURS`, 24 h) and the catalogued prefixes; `trie_from_counts` then
 builds the trie (the planner does both for each read: `plan_choice.WarmSetChooser`). This fills a
 migrated database as the planner's ingestion does for chat traffic, one tenant and prompt revision:
-conversations open below a shared system prompt (their first path row anchored inside the first
-conversation's row) and each turn adds a path row of about 6 new blocks anchored at the previous turn's
-leaf, `--turns-a-day` a day for each of `--days` days of history, a count per turn in its minute's
-bucket.
+conversations open below a shared system prompt (their first turn anchored inside the first
+conversation's nodes) and each turn adds about 6 new blocks anchored at the previous turn's leaf,
+`--turns-a-day` a day for each of `--days` days of history, a count per turn in its minute's bucket, and
+each minute's new nodes in one `prefix_chains` row (a batch a minute). As the planner's node cache has it,
+a turn's new nodes hang below the deepest node written since the cache last forgot (hourly): the system
+prompt is written again every hour, which is what lets the sweep drop chain rows by age.
 
 For each history length it reads three times, `--runs` times each (medians): first with every row kept, as
 the planner kept them while per-prefix counts stayed for the whole statistics retention (the baseline);
 then after the planner's retention sweep at the default settings (`pg_retention`: counts past
-`detail_retention_hours` summed per scope, unreached paths past that cut deleted), run until it deletes
+`detail_retention_hours` summed per scope, chain rows written before that cut and its slack deleted),
+run until it deletes
 nothing more, as sweeps every few minutes over those days would have left the tables; then from those
 tables again, bounded to `--max-nodes` chain nodes (`PlanSettings.max_nodes`). It prints the
 rows returned, the seconds of each read and of the trie build and the most memory they held at once (the
@@ -44,6 +47,7 @@ from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.pg_retention import sweep_counts
 from warmplane.services.planner.policy import LeafCount, trie_from_counts
 from warmplane.services.planner.settings import IngestSettings
+from warmplane.shared.chain_nodes import pack_runs
 from warmplane.shared.embedded import EmbeddedPostgres
 
 MODEL = "chat-model"
@@ -54,15 +58,17 @@ TURNS = (1, 12)
 """Blocks a turn adds and turns a conversation has (uniform): about 14 blocks a request on average, as in
 the Mooncake conversation trace."""
 PathRow = tuple[int, int | None, int, list[int], list[int], datetime]
-"""(leaf, anchor, first_depth, ids, tokens, first_seen), as `prefix_paths` holds it."""
+"""(leaf, anchor, first_depth, ids, tokens, first_seen): a turn's new nodes, as ingestion folds them."""
 Count = tuple[int, int]
 """(leaf, bucket): one request."""
 
 
 def chat_history(
-    days: int, turns_a_day: int, now: datetime, seed: int = 7
+    days: int, turns_a_day: int, now: datetime, seed: int = 7, cache_age_s: float = 3600.0
 ) -> tuple[list[PathRow], list[Count]]:
-    """Path rows and counts of `days` days of conversations ending at `now`, turns spread evenly."""
+    """The runs of new nodes and the counts of `days` days of conversations ending at `now`, turns spread
+    evenly. As the planner's node cache has it, a run starts below the deepest node written since the
+    cache last forgot (every `cache_age_s`), so the system prompt is written again each time."""
     rng = random.Random(seed)
     next_id = iter(range(10, 1 << 62)).__next__
     system = [next_id() for _ in range(SYSTEM_BLOCKS)]
@@ -70,25 +76,37 @@ def chat_history(
     counts: list[Count] = []
     total = days * turns_a_day
     start = now - timedelta(days=days)
+    cached: set[int] = set()
+    life = -1
     turn = 0
     while turn < total:
-        anchor, depth = system[-1], SYSTEM_BLOCKS
+        chain = list(system)
         for _ in range(rng.randint(*TURNS)):
             if turn == total:
                 break
             seen = start + timedelta(seconds=turn * days * 86_400 / total)
-            ids = [next_id() for _ in range(rng.randint(*TURN_BLOCKS))]
-            if not paths:  # the first request carries the system prompt too
-                ids, anchor, depth = system + ids, None, 0
-            tokens = [16 * (depth + i + 1) for i in range(len(ids))]
-            paths.append((ids[-1], anchor, depth, ids, tokens, seen))
+            if int((seen - start).total_seconds() // cache_age_s) != life:
+                life, cached = int((seen - start).total_seconds() // cache_age_s), set()
+            chain += [next_id() for _ in range(rng.randint(*TURN_BLOCKS))]
+            depth = len(chain) - 1
+            while depth >= 0 and chain[depth] not in cached:
+                depth -= 1
+            ids = chain[depth + 1 :]
+            anchor = chain[depth] if depth >= 0 else None
+            tokens = [16 * (depth + 2 + i) for i in range(len(ids))]
+            paths.append((ids[-1], anchor, depth + 1, ids, tokens, seen))
             counts.append((ids[-1], int(seen.timestamp()) // BUCKET_S))
-            anchor, depth = ids[-1], depth + len(ids)
+            cached.update(ids)
             turn += 1
     return paths, counts
 
 
-async def fill(dsn: str, paths: list[PathRow], counts: list[Count]) -> None:
+async def fill(dsn: str, paths: list[PathRow], counts: list[Count]) -> int:
+    """The history as ingestion stores it: counts per leaf and bucket, and the chains' new nodes a row per
+    minute of turns (a batch a minute, packed: `shared/chain_nodes.py`); the chain rows written."""
+    batches: dict[int, list[PathRow]] = {}
+    for row in paths:
+        batches.setdefault(int(row[5].timestamp()) // BUCKET_S, []).append(row)
     db = await asyncpg.connect(dsn)
     try:
         scope = await db.fetchval(
@@ -96,9 +114,12 @@ async def fill(dsn: str, paths: list[PathRow], counts: list[Count]) -> None:
             MODEL,
         )
         await db.copy_records_to_table(
-            "prefix_paths",
-            records=[(scope, *row) for row in paths],
-            columns=["scope_id", "leaf_id", "anchor_id", "first_depth", "ids", "tokens", "first_seen"],
+            "prefix_chains",
+            records=[
+                (scope, rows[-1][5], pack_runs((row[1], row[2], row[3], row[4]) for row in rows))
+                for rows in batches.values()
+            ],
+            columns=["scope_id", "written_at", "nodes"],
         )
         await db.copy_records_to_table(
             "prefix_stats",
@@ -108,6 +129,7 @@ async def fill(dsn: str, paths: list[PathRow], counts: list[Count]) -> None:
         await db.execute("ANALYZE")
     finally:
         await db.close()
+    return len(batches)
 
 
 def needed_nodes(paths: list[PathRow], counts: list[Count], since_bucket: int) -> int:
@@ -159,8 +181,8 @@ async def peak_bytes(
 
 async def sweep(pool: asyncpg.Pool, now: datetime) -> tuple[int, int]:
     """The planner's retention sweep at the default settings (`pg_retention.sweep_counts`, as
-    `app._sweep_forever` runs it), until it deletes no more paths (a chain goes a level a sweep); (counts
-    summed per scope, path rows deleted)."""
+    `app._sweep_forever` runs it), until it deletes no more chain rows; (counts summed per scope, chain rows
+    deleted)."""
     ingest = IngestSettings()
     moved = deleted = 0
     while True:
@@ -170,18 +192,19 @@ async def sweep(pool: asyncpg.Pool, now: datetime) -> tuple[int, int]:
             detail_hours=ingest.detail_retention_hours,
             stats_hours=ingest.stats_retention_hours,
             bucket_seconds=BUCKET_S,
+            chains_slack_s=2 * ingest.node_cache_max_age_s,
         )
         moved, deleted = moved + summed, deleted + gone
         if not gone:
             break
-    await pool.execute("VACUUM ANALYZE prefix_paths")
+    await pool.execute("VACUUM ANALYZE prefix_chains")
     return moved, deleted
 
 
 async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
     now = datetime.now(UTC)
     since_bucket = int((now - timedelta(hours=24)).timestamp()) // BUCKET_S
-    header = ["days", "path rows", "kept", "nodes read", "needed", "excess", "read s", "trie s"]
+    header = ["days", "chain rows", "kept", "nodes read", "needed", "excess", "read s", "trie s"]
     header += ["peak MiB", "sweep s"]
     with tempfile.TemporaryDirectory() as workdir, EmbeddedPostgres(Path(workdir) / "pg") as postgres:
         print(" ".join(f"{h:>10}" for h in header))
@@ -189,7 +212,7 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
         for days in args.days:
             paths, counts = chat_history(days, args.turns_a_day, now)
             dsn = await fresh_database(postgres)
-            await fill(dsn, paths, counts)
+            written = await fill(dsn, paths, counts)
             needed = needed_nodes(paths, counts, since_bucket)
             pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
             try:
@@ -198,7 +221,7 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
                 began = time.perf_counter()
                 await sweep(pool, now)
                 swept_s = time.perf_counter() - began
-                kept = await pool.fetchval("SELECT count(*) FROM prefix_paths")
+                kept = await pool.fetchval("SELECT count(*) FROM prefix_chains")
                 swept = [await measure(pool, since_bucket, now) for _ in range(args.runs)]
                 swept_peak = await peak_bytes(pool, since_bucket, now)
                 bound = args.max_nodes
@@ -207,7 +230,7 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
             finally:
                 await pool.close()
             for label, runs, rows_kept, peak, sweep_s in (
-                ("every row kept", unswept, len(paths), unswept_peak, "-"),
+                ("every row kept", unswept, written, unswept_peak, "-"),
                 ("swept", swept, kept, swept_peak, f"{swept_s:.1f}"),
                 (f"swept, max {bound:,}", capped, kept, capped_peak, "-"),
             ):
@@ -215,7 +238,7 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
                 read = statistics.median(run["read"] for run in runs)
                 build = statistics.median(run["build"] for run in runs)
                 line = [
-                    f"{days} ({label})", f"{len(paths):,}", f"{rows_kept:,}", f"{rows:,}", f"{needed:,}",
+                    f"{days} ({label})", f"{written:,}", f"{rows_kept:,}", f"{rows:,}", f"{needed:,}",
                     f"{rows / needed:.2f}x", f"{read:.2f}", f"{build:.2f}", f"{peak / 2**20:.0f}", sweep_s,
                 ]  # fmt: skip
                 print(" ".join(f"{cell:>10}" for cell in line))
@@ -223,13 +246,13 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
             base_read = statistics.median(run["read"] for run in unswept)
             read = statistics.median(run["read"] for run in swept)
             recorder.figure(
-                f"statistics read, {days} days of history", read, "s", ("every path row kept", base_read)
+                f"statistics read, {days} days of history", read, "s", ("every row kept", base_read)
             )
             recorder.figure(
                 f"memory of a read and its trie, {days} days of history",
                 swept_peak / 2**20,
                 "MiB",
-                ("every path row kept", unswept_peak / 2**20),
+                ("every row kept", unswept_peak / 2**20),
             )
             recorder.figure(
                 f"memory of a read and its trie within max_nodes {bound:,}, {days} days of history",
@@ -250,7 +273,7 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
                 ("nodes the trie needs", needed),
             )
     recorder.table(
-        "Per history length, with every row kept and after the retention sweep: path rows stored and kept,"
+        "Per history length, with every row kept and after the retention sweep: chain rows stored and kept,"
         " nodes the read returned and the trie needs, the medians of the read and the trie build, the most"
         " memory a read and its trie held at once (tracemalloc, a run of its own), and the sweeps' seconds"
         " (all of them, from the unswept tables).",
@@ -258,7 +281,7 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
         table,
     )
     recorder.note(
-        "The read's ratio is to the same read of the same history with every path row kept, in the same"
+        "The read's ratio is to the same read of the same history with every row kept, in the same"
         " run. The nodes' ratio is the read's excess: nodes read / nodes on the chains of the leaves"
         " counted in the window."
     )

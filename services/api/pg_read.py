@@ -14,6 +14,7 @@ import asyncpg
 import msgspec
 
 from warmplane.services.api.figures import Window
+from warmplane.shared.chain_nodes import parent_of, unpack
 from warmplane.shared.events import LIVE_REPLICA_STATES
 from warmplane.shared.traffic_sums import TRAFFIC_SUMS
 
@@ -119,10 +120,12 @@ CROSS JOIN LATERAL jsonb_array_elements(w.items) AS i(item)
 WHERE r.state = ANY($3::text[]) AND r.model = $1
   AND ($2::text IS NULL OR i.item->>'tenant' = $2)
 """
-NODES = """
-SELECT n.prefix_id, n.parent_id FROM prefix_nodes n JOIN scopes s USING (scope_id)
+CHAINS = """
+SELECT c.nodes FROM prefix_chains c JOIN scopes s USING (scope_id)
 WHERE s.model = $1 AND s.tenant = $2 AND s.prompt_rev = $3
+ORDER BY c.written_at DESC
 """
+"""A scope's stored chains, newest first (`shared/chain_nodes.py` packs each row)."""
 LEAF_REQUESTS = """
 SELECT p.prefix_id, sum(p.requests)::bigint FROM prefix_stats p JOIN scopes s USING (scope_id)
 WHERE s.model = $1 AND s.tenant = $2 AND s.prompt_rev = $3 AND p.bucket >= $4 GROUP BY p.prefix_id
@@ -224,8 +227,12 @@ class PgReadModel:
         return list(await self._pool.fetch(WARM_ITEMS, model, tenant, sorted(LIVE_REPLICA_STATES)))
 
     async def chain_parents(self, model: str, tenant: str, prompt_rev: str) -> dict[int, int | None]:
-        rows = await self._pool.fetch(NODES, model, tenant, prompt_rev)
-        return {row[0]: row[1] for row in rows}
+        """Each stored node's parent; where a node is stored twice, the oldest row's word."""
+        parents: dict[int, int | None] = {}
+        for (packed,) in await self._pool.fetch(CHAINS, model, tenant, prompt_rev):
+            nodes = unpack(packed)
+            parents.update(zip(nodes.ids, map(parent_of, nodes.ids, nodes.parents), strict=True))
+        return parents
 
     async def leaf_requests(
         self, model: str, tenant: str, prompt_rev: str, since_bucket: int

@@ -376,21 +376,22 @@ async def _sweep_forever(store: PgIngestStore, pool: asyncpg.Pool, settings: Pla
                 ledger_before=now - timedelta(hours=ingest.ledger_retention_hours),
                 catalog_before=now - timedelta(hours=ingest.catalog_retention_hours),
             )
-            moved, stats, paths = await sweep_counts(
+            moved, stats, chains = await sweep_counts(
                 pool,
                 now,
                 detail_hours=ingest.detail_retention_hours,
                 stats_hours=ingest.stats_retention_hours,
                 bucket_seconds=settings.statistics.bucket_seconds,
+                chains_slack_s=2 * ingest.node_cache_max_age_s,
             )
             history = await sweep_history(pool, now - timedelta(hours=ingest.history_retention_hours))
             log.info(
                 "retention sweep removed %d ledger rows, %d catalog payloads, %d statistics rows,"
-                " %d chain paths and %d rows of replica history, and summed %d prefix counts per scope",
+                " %d rows of chains and %d rows of replica history, and summed %d prefix counts per scope",
                 ledger,
                 catalog,
                 stats,
-                paths,
+                chains,
                 history,
                 moved,
             )

@@ -16,6 +16,7 @@ from warmplane.services.planner.core.chains_read import ChainsNeeded
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelStatistics
 from warmplane.services.planner.plans import Unplanned
 from warmplane.services.planner.policy.replica_plan import NodeKey
+from warmplane.shared.chain_nodes import unpack
 from warmplane.shared.events import LIVE_REPLICA_STATES, ModelRef, PrefixPayload, WarmFinished, WarmPlanIssued
 
 log = logging.getLogger(__name__)
@@ -24,14 +25,8 @@ _payload = msgspec.json.Decoder(PrefixPayload)
 _plan = msgspec.json.Decoder(WarmPlanIssued)
 
 SCOPES_OF_MODEL = "SELECT scope_id FROM scopes WHERE model = $1"
-PATHS_NEWEST_FIRST = """
-SELECT scope_id, anchor_id, ids, tokens FROM prefix_paths WHERE scope_id = ANY($1::integer[])
-ORDER BY first_seen DESC
-"""
-PATHS_HOLDING = """
-SELECT scope_id, anchor_id, ids, tokens FROM prefix_paths
-WHERE scope_id = ANY($1::integer[]) AND ids && $2::bigint[]
-ORDER BY first_seen DESC
+CHAINS_NEWEST_FIRST = """
+SELECT scope_id, nodes FROM prefix_chains WHERE scope_id = ANY($1::integer[]) ORDER BY written_at DESC
 """
 LEAF_REQUESTS = """
 WITH recent AS (
@@ -51,9 +46,8 @@ CATALOGUED = """
 SELECT c.scope_id, c.prefix_id FROM prefix_catalog c
 JOIN unnest($1::integer[], $2::bigint[]) AS k(scope_id, prefix_id) USING (scope_id, prefix_id)
 """
-_PATH_ROWS_PREFETCH = 10_000
-_LOOKUPS_AGAIN = 8
-"""Rounds of looking up anchors met before their need was known (`chains_read`): one is the rule."""
+_CHAIN_ROWS_PREFETCH = 4
+"""Rows of `prefix_chains` fetched at a time: each holds a batch's new nodes of a scope (up to megabytes)."""
 GROUP_OFFSETS = "SELECT topic, partition, next_offset FROM ingest_offsets WHERE group_id = $1"
 PAYLOADS = """
 SELECT c.scope_id, c.prefix_id, c.payload::text FROM prefix_catalog c
@@ -193,20 +187,9 @@ class PgPlanStore:
     ) -> ChainsNeeded:
         """The stored prefixes on the chains of `leaves` (module doc of `core.chains_read`)."""
         needed = ChainsNeeded(leaves)
-        async for scope, anchor, ids, tokens in connection.cursor(
-            PATHS_NEWEST_FIRST, scopes, prefetch=_PATH_ROWS_PREFETCH
-        ):
-            needed.take(scope, anchor, ids, tokens)
-        for _ in range(_LOOKUPS_AGAIN):
-            missing = needed.unresolved()
-            if not missing:
-                break
-            for scope, anchor, ids, tokens in await connection.fetch(
-                PATHS_HOLDING, sorted({s for s, _ in missing}), sorted({p for _, p in missing})
-            ):
-                needed.take(scope, anchor, ids, tokens)
-            if needed.unresolved() == missing:
-                break  # gone: swept, or never stored; the trie build leaves their leaves out
+        rows = connection.cursor(CHAINS_NEWEST_FIRST, scopes, prefetch=_CHAIN_ROWS_PREFETCH)
+        async for scope, nodes in rows:
+            needed.take(scope, unpack(nodes))
         return needed
 
     async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]:

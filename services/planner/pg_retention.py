@@ -1,4 +1,4 @@
-"""Retention of the statistics tables and of the chain tree, a bounded chunk at a time.
+"""Retention of the statistics tables and of the stored chains, a bounded chunk at a time.
 
 `prefix_stats`, `miss_stats` and `replica_stats` gain a row per key and bucket while traffic flows
 (migration 0011 indexes their buckets for this). Deleting in chunks keeps each statement's locks and
@@ -11,13 +11,14 @@ is in exactly one of the two tables at any moment, so the API's traffic view, wh
 loses or double-counts one. `scope_traffic`, `miss_stats` and `replica_stats` keep the statistics' cut
 (`stats_retention_hours`, 31 days) for the API's history.
 
-`prefix_paths` gains about a row a request in chat traffic (each turn adds chain nodes). A row goes
-once it is older than the detail cut and nothing still reaches it: no request statistic, and no miss
-statistic younger than the detail cut, names one of its prefixes, and no other row hangs below one of
-them (migration 0012 indexes `first_seen` and the anchors for this). So the chains a plan reads span the
-detail's day, not the statistics' month. A row whose children go in one sweep goes in a later one, so a
-chain is taken down from its leaves, a level a sweep. `core/node_cache.py` argues why no planner keeps
-trusting a node whose rows went.
+`prefix_chains` gains a row per batch and scope (each the batch's new chain nodes, packed), and goes by
+age alone: a row written more than `chains_slack_s` before the detail cut. That keeps every chain a
+retained count reaches, for a planner anchors a batch's new nodes only at nodes its node cache holds, and
+the cache holds nothing remembered more than its `max_age_s` ago and forgets all at once
+(`core/node_cache.py`): so a chain counted at time t lies whole in rows written after t - `max_age_s`
+(its cached nodes' ancestors were cached with them). The planner passes twice the cache's age, to
+allow for the planner's lag behind event time and the two clocks. So the chains a plan reads span the
+detail's day, not the statistics' month, and the sweep reads no other table.
 
 A replica's history grows with every start of every replica, and a fleet that autoscales names new
 replicas all day: `warm_plans` (each row holds its items, payloads included, twice), `replica_transitions`,
@@ -56,19 +57,9 @@ WITH moved AS (
 SELECT count(*) FROM moved
 """  # noqa: S608 - composed of constants
 
-# The three checks are ORed inside NOT so that Postgres keeps each a per-row index probe for all of the
-# row's ids at once (`= ANY(ids)` on the key): as separate NOT EXISTS it made the miss check a hash
-# anti-join on the scope alone, filtering every pair of rows of a scope (23 s against 0.84 s for the
-# 86,000 rows past the cut of 383,000).
-_UNREACHED_PATHS: Final = """
-DELETE FROM prefix_paths WHERE ctid = ANY(ARRAY(
-    SELECT p.ctid FROM prefix_paths p
-    WHERE p.first_seen < $1
-      AND NOT (EXISTS (SELECT FROM prefix_paths c WHERE c.scope_id = p.scope_id AND c.anchor_id = ANY(p.ids))
-            OR EXISTS (SELECT FROM prefix_stats s WHERE s.scope_id = p.scope_id AND s.prefix_id = ANY(p.ids))
-            OR EXISTS (SELECT FROM miss_stats m
-                       WHERE m.scope_id = p.scope_id AND m.prefix_id = ANY(p.ids) AND m.bucket >= $3))
-    LIMIT $2))
+_OLD_CHAINS: Final = """
+DELETE FROM prefix_chains
+WHERE ctid = ANY(ARRAY(SELECT ctid FROM prefix_chains WHERE written_at < $1 LIMIT $2))
 """
 
 
@@ -147,29 +138,32 @@ async def sweep_statistics(
     return moved, removed
 
 
-async def sweep_paths(
-    pool: asyncpg.Pool, seen_before: datetime, *, misses_from_bucket: int, chunk: int = _CHUNK
-) -> int:
-    """Delete the `prefix_paths` rows first seen before `seen_before` that no request statistic, no miss
-    statistic of a bucket from `misses_from_bucket` on and no other row reaches (see the module's
-    docstring); the number deleted. Run it after `sweep_statistics`, with its detail cut, so the rows of
-    buckets just moved go in the same sweep."""
-    return await _delete_in_chunks(pool, _UNREACHED_PATHS, seen_before, chunk, misses_from_bucket)
+async def sweep_chains(pool: asyncpg.Pool, written_before: datetime, *, chunk: int = _CHUNK) -> int:
+    """Delete the `prefix_chains` rows written before `written_before` (the module's docstring says how
+    far before the detail cut that must be); the number deleted."""
+    return await _delete_in_chunks(pool, _OLD_CHAINS, written_before, chunk)
 
 
 async def sweep_counts(
-    pool: asyncpg.Pool, now: datetime, *, detail_hours: float, stats_hours: float, bucket_seconds: int
+    pool: asyncpg.Pool,
+    now: datetime,
+    *,
+    detail_hours: float,
+    stats_hours: float,
+    bucket_seconds: int,
+    chains_slack_s: float,
 ) -> tuple[int, int, int]:
-    """The statistics and path sweeps at `now`, with the detail cut `detail_hours` back and the statistics'
-    cut `stats_hours` back; (counts summed per scope, statistics rows deleted, path rows deleted)."""
+    """The statistics and chain sweeps at `now`, with the detail cut `detail_hours` back, the statistics'
+    cut `stats_hours` back and the chains' `chains_slack_s` before the detail cut; (counts summed per scope,
+    statistics rows deleted, chain rows deleted)."""
     detail_before = now - timedelta(hours=detail_hours)
     detail_bucket = int(detail_before.timestamp()) // bucket_seconds
     stats_bucket = int((now - timedelta(hours=stats_hours)).timestamp()) // bucket_seconds
     moved, removed = await sweep_statistics(
         pool, detail_before_bucket=detail_bucket, before_bucket=stats_bucket
     )
-    paths = await sweep_paths(pool, detail_before, misses_from_bucket=detail_bucket)
-    return moved, removed, paths
+    chains = await sweep_chains(pool, detail_before - timedelta(seconds=chains_slack_s))
+    return moved, removed, chains
 
 
 async def _delete_in_chunks(

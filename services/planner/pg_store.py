@@ -1,12 +1,13 @@
 """The planner's Postgres store for ingestion: one transaction per batch, Postgres sums the counters.
 
 The hot path speaks asyncpg directly: a batch's requests and misses are copied (binary COPY) one row
-per event into a temporary table, and one call of `warmplane_ingest_events` (migrations 0006, 0009) sums
-them per key (and a request's per replica) and applies them with the offsets, the ledger, the chain
-paths and the catalog
-(bench/ingest_bench.py measures it). A batch's counts, its partitions' next offsets and its ledger of
-event ids commit in one transaction, so a crash anywhere leaves either all of a batch or none of it,
-and the consumer resumes exactly after the last batch that committed.
+per event into a temporary table, and one call of `warmplane_ingest_events` (migrations 0006, 0009, 0016)
+sums them per key (and a request's per replica) and applies them with the offsets, the ledger, the
+batch's new chain nodes (one packed value a scope: `shared/chain_nodes.py`) and the catalog
+(bench/ingest_bench.py measures it; bench/batch_write_bench.py splits a batch's cost by part). A batch's
+counts, its partitions' next offsets and its ledger of event ids commit in one transaction, so a crash
+anywhere leaves either all of a batch or none of it, and the consumer resumes exactly after the last
+batch that committed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import msgspec
 from warmplane.services.planner.core.ingest_batch import IngestBatch, Scope
 from warmplane.services.planner.core.recent_ids import pack_ids, unpack_ids
 from warmplane.services.planner.pg_residency import record_residency
+from warmplane.shared.chain_nodes import ChainNodes
 from warmplane.shared.events import (
     EpochBumped,
     Event,
@@ -38,8 +40,8 @@ from warmplane.shared.plan_states import plan_state
 _json = msgspec.json.Encoder()
 log = logging.getLogger(__name__)
 
-INGEST_EVENTS = "SELECT warmplane_ingest_events(" + ", ".join(f"${n}" for n in range(1, 21)) + ")"
-"""Offsets (fenced), ledger, the staged counts, chain paths and catalog (migrations 0006, 0009)."""
+INGEST_EVENTS = "SELECT warmplane_ingest_events(" + ", ".join(f"${n}" for n in range(1, 16)) + ")"
+"""Offsets (fenced), ledger, the staged counts, new chain nodes and catalog (migrations 0006, 0009, 0016)."""
 STAGED_COUNTS = "warmplane_batch_counts"
 STAGE_COUNTS = f"""
 CREATE TEMP TABLE IF NOT EXISTS {STAGED_COUNTS} (
@@ -227,7 +229,13 @@ class PgIngestStore:
             ),
         )
         await connection.copy_records_to_table(STAGED_COUNTS, records=rows, columns=_STAGED_COLUMNS)
-        paths, catalog = batch.paths, batch.catalog
+        chains: dict[int, ChainNodes] = {}
+        for (scope, _leaf), path in batch.paths.items():
+            nodes = chains.get(ids[scope])
+            if nodes is None:
+                nodes = chains[ids[scope]] = ChainNodes()
+            nodes.add_run(path.anchor_id, path.first_depth, path.ids, path.tokens)
+        catalog = batch.catalog
         await connection.execute(
             INGEST_EVENTS,
             self._group_id,
@@ -238,14 +246,8 @@ class PgIngestStore:
             [s.last_offset for s in slices],
             [pack_ids(s.event_ids) for s in slices],
             self._bucket_seconds,
-            [ids[n[0]] for n in paths],
-            [n[1] for n in paths],
-            [p.anchor_id for p in paths.values()],
-            [p.first_depth for p in paths.values()],
-            # Ragged arrays travel as Postgres array literals; the function casts them.
-            ["{" + ",".join(map(str, p.ids)) + "}" for p in paths.values()],
-            ["{" + ",".join(map(str, p.tokens)) + "}" for p in paths.values()],
-            [p.first_seen for p in paths.values()],
+            list(chains),
+            [nodes.pack() for nodes in chains.values()],
             [ids[n[0]] for n in catalog],
             [n[1] for n in catalog],
             [_json.encode(e.payload).decode() for e in catalog.values()],

@@ -41,8 +41,8 @@ class IngestSettings(BaseModel):
     """How long request sums per scope, miss sums and per-replica sums are kept (by their bucket's time):
     the API's longest window is 30 days."""
     detail_retention_hours: Hours = 25.0
-    """How long request counts per prefix, and the chain paths they reach, are kept; older buckets are
-    summed per scope (`pg_retention`). At least the plans' `WARMPLANE_PLANS__WINDOW_HOURS` (24 h, and an
+    """How long request counts per prefix, and the chains they reach, are kept; older buckets are summed
+    per scope (`pg_retention`). At least the plans' `WARMPLANE_PLANS__WINDOW_HOURS` (24 h, and an
     hour for a sweep's lag) and at most `stats_retention_hours`: a plan reads every chain this keeps, so
     it bounds a plan's read (`python -m bench.statistics_read_bench`). The API's warm-set coverage counts
     requests of this window at most."""
@@ -57,7 +57,8 @@ class IngestSettings(BaseModel):
     """Chain nodes a planner remembers as written (emptied whole when full)."""
     node_cache_max_age_s: Annotated[float, Field(gt=0)] = 3600.0
     """The planner forgets which chain nodes it wrote once the oldest it remembers is this old, so it never
-    trusts a node whose path rows the retention sweep may have deleted (`core/node_cache.py` says why)."""
+    anchors new nodes at a chain row the retention sweep may have deleted: the sweep keeps chain rows twice
+    this long past the detail cut (`core/node_cache.py` says why)."""
     db_outage_s: Annotated[float, Field(ge=0, le=240)] = 120.0
     """How long the writer rides out an unreachable Postgres (a restart, a failover), trying its batch
     again, before it stops the planner. At most 240 s: the consumer, blocked meanwhile, must poll again

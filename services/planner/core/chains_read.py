@@ -1,15 +1,16 @@
 """The chain nodes a plan's read keeps: only those above the leaves it counts, and at most a bound. Pure.
 
-A model's stored chains (`prefix_paths`: a row per run of new nodes, anchored at a node stored before)
-hold every node its traffic passed within the detail retention; on chat traffic most of them lie on chains
-no counted leaf of the plan's window reaches any more, and their number grows with the traffic rate. So
-the read does not hold them all: it streams the path rows newest first (`ChainsNeeded.take`), and keeps
-a row's nodes only from the deepest one some counted leaf needs up to its first, whose anchor it then
-needs in turn. An anchor is stored before the rows anchored at it, so it is met later in that order; the
-few it is not met by (rows sharing a time, a late event's row) are looked up again (`unresolved`).
+A model's stored chains (`prefix_chains`: a row per committed batch and scope, its new nodes packed by
+`shared/chain_nodes.py`) hold every node its traffic passed within the detail retention; on chat traffic
+most of them lie on chains no counted leaf of the plan's window reaches any more, and their number grows
+with the traffic rate. So the read does not hold them all: it streams the rows newest first
+(`ChainsNeeded.take`), keeps each node some counted leaf's chain reaches, and then needs its parent. A
+parent is stored in its child's row or in an older one (a batch anchors its new nodes only at nodes that
+committed before it), so it is met later in that order; one never met (its row swept) ends the chain
+there (`unresolved`).
 
-Where one node stands in several rows (a planner whose node cache forgot it wrote its chain again), the
-oldest row's word stands, as the `prefix_nodes` view had it.
+Where one node is stored twice (a planner whose node cache forgot it wrote its chain again), the oldest
+row's word stands, as the `prefix_nodes` view has it.
 
 `ChainsNeeded.bounded` then keeps the leaves most recently counted whose chains fit in `max_nodes`
 together: what the planner holds for a plan is bounded by a setting (`PlanSettings.max_nodes`), not by the
@@ -22,10 +23,11 @@ from collections.abc import Iterable, Sequence
 
 from warmplane.services.planner.policy import StoredPrefix
 from warmplane.services.planner.policy.replica_plan import NodeKey
+from warmplane.shared.chain_nodes import ChainNodes, parent_of
 
 
 class ChainsNeeded:
-    """The nodes on the chains of some leaves, gathered from path rows handed newest first. Held per scope
+    """The nodes on the chains of some leaves, gathered from chain rows handed newest first. Held per scope
     as plain ids: a read takes every row a scope holds, and a tuple made per node passed was most of it."""
 
     def __init__(self, leaves: Iterable[NodeKey]) -> None:
@@ -37,23 +39,23 @@ class ChainsNeeded:
             self._wanted.setdefault(scope, set()).add(prefix)
             self._found.setdefault(scope, {})
 
-    def take(self, scope: int, anchor: int | None, ids: Sequence[int], tokens: Sequence[int]) -> None:
-        """One stored path row: `ids` in chain order under `anchor` (None: `ids[0]` is a root), with their
-        cumulative `tokens`. Keeps its nodes from the deepest one needed up to its first."""
+    def take(self, scope: int, nodes: ChainNodes) -> None:
+        """One stored row of `scope`'s chains (`shared/chain_nodes.py`): keeps each node some counted leaf's
+        chain reaches, and then needs its parent. Its nodes are taken last first, so a parent added by the
+        same batch is met after its children."""
         wanted = self._wanted.get(scope)
         if wanted is None:
             return
         found = self._found[scope]
-        deepest = len(ids) - 1
-        while deepest >= 0 and ids[deepest] not in wanted and ids[deepest] not in found:
-            deepest -= 1
-        if deepest < 0:
-            return
-        kept = ids[: deepest + 1]
-        found.update(zip(kept, zip([anchor, *kept[:-1]], tokens[: deepest + 1], strict=True), strict=True))
-        wanted.difference_update(kept)
-        if anchor is not None and anchor not in found:
-            wanted.add(anchor)
+        ids, parents, tokens = nodes.ids, nodes.parents, nodes.tokens
+        for at in range(len(ids) - 1, -1, -1):
+            prefix = ids[at]
+            if prefix in wanted or prefix in found:
+                parent = parent_of(prefix, parents[at])
+                found[prefix] = (parent, tokens[at])
+                wanted.discard(prefix)
+                if parent is not None and parent not in found:
+                    wanted.add(parent)
 
     def unresolved(self) -> set[NodeKey]:
         """Nodes needed that no row handed so far held: their rows were handed before the need was known

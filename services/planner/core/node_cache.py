@@ -1,23 +1,16 @@
 """A bounded memory of chain nodes known to be stored, so their edges are not written again.
 
-Why the path sweep (`pg_retention.sweep_paths`) never deletes a row holding a node some planner's cache
-remembers. A node enters a cache only once the batch that wrote (or found) its path committed, and that
-batch also counted the request that carried it under the request's leaf, a descendant of the node (or
-the node itself), in `prefix_stats`. The sweep keeps every row holding a prefix with a retained
-statistics row, and every row holding a node that another row anchors at; the leaf's row is kept, so by
-induction up the chain is every row holding one of its ancestors. A cache forgets everything once its
-oldest node was remembered `max_age_s` ago, so every node it holds came with a request counted at most
-`max_age_s` plus the planner's lag behind event time ago: well inside the detail retention (the cut of
-`prefix_stats` and of the path sweep), which settings require to be at least twice `max_age_s`. (A
-planner ingesting events nearly a whole retention late counts them into buckets the next sweep moves out
-of the detail; its cache may then outlive their rows.)
-
-One narrow race remains: a request reusing a prefix that no request used for the whole retention, counted
-in a batch committing while a sweep statement deletes that prefix's row. The batch's path insert is
-`ON CONFLICT DO NOTHING` against the row being deleted, and the sweep's snapshot does not see the batch's
-new statistics row, so the row goes while this cache remembers its nodes: requests below them write
-paths anchored at nodes no row holds, until the cache forgets (at most `max_age_s`) and the next request
-through them writes its chain again from the nearest node still stored.
+Why the chain sweep (`pg_retention.sweep_chains`, by age alone) never deletes a row a planner will anchor
+at, nor one a retained count reaches. A node enters a cache only once the batch that wrote it committed,
+and a cache forgets everything at once, when its oldest node was remembered `max_age_s` ago (or when it is
+full). So at any fold everything it holds was written within `max_age_s`, and with it every ancestor of
+what it holds: a node was cached with its ancestors (written in its batch, or cached before it, in the
+same life of the cache). A batch anchors its new nodes at cached ones only, so the whole chain of a
+request counted at time t lies in rows written within `max_age_s` before t's commit. The sweep keeps rows
+for twice `max_age_s` before the detail cut of the counts (for the planner's lag behind event time and
+the clocks of two hosts), and settings require the detail retention to be at least twice `max_age_s`.
+(A planner ingesting events nearly a whole retention late counts them into buckets the next sweep moves
+out of the detail; their chains may then be gone first, and their leaves are left out of a plan's trie.)
 """
 
 from __future__ import annotations

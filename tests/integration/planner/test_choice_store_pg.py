@@ -3,6 +3,8 @@ behaviour on a fresh migrated database, seeded through `PgIngestStore`'s write a
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import asyncpg
 import pytest
 
@@ -12,6 +14,7 @@ from warmplane.services.planner.core.ingest_batch import fold_events
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.pg_store import PgIngestStore
 from warmplane.services.planner.policy import StoredPrefix
+from warmplane.shared.chain_nodes import pack_runs
 from warmplane.shared.events import Event
 
 
@@ -31,33 +34,42 @@ async def test_the_postgres_choice_store(behaviour: str, migrated_database: str)
         await pool.close()
 
 
-async def test_a_chain_anchored_in_a_newer_row_is_read_whole_and_a_swept_anchor_ends_it(
+async def test_the_read_and_the_nodes_view_agree_on_stored_chains_and_a_swept_parent_ends_one(
     migrated_database: str,
 ) -> None:
-    """The read streams rows newest first (`core/chains_read.py`): an anchor in a row newer than the one
-    anchored at it (a late event's row) is looked up again; one no row holds ends the chain there."""
+    """A plan's read unpacks the chain rows in Python (`core/chains_read.py`), SQL through
+    `warmplane_chain_nodes` (the `prefix_nodes` view): both give the nodes as stored, the oldest row's where
+    one is stored twice; a node whose parent's row went (swept) ends its chain there."""
     pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=1)
     try:
         scope = await pool.fetchval(
             "INSERT INTO scopes (tenant, model, prompt_rev) VALUES ('acme', 'm', '') RETURNING scope_id"
         )
+        top, bottom = 2**63 - 1, -(2**63)  # ids are any 64-bit value
+        Run = tuple[int | None, int, list[int], list[int]]
+        rows: list[tuple[datetime, list[Run]]] = [
+            (AT - 2 * MINUTE, [(None, 0, [1, top], [16, 32])]),
+            (AT - MINUTE, [(top, 2, [11, bottom], [48, 2**31 - 1]), (12, 5, [13], [96])]),  # 12: swept
+            (AT, [(None, 0, [1, top], [16, 33])]),  # written again, newer: the older row's tokens stand
+        ]
         await pool.executemany(
-            """INSERT INTO prefix_paths (scope_id, leaf_id, anchor_id, first_depth, ids, tokens, first_seen)
-               VALUES ($1, $2, $3, $4, $5, $6, $7)""",
-            [
-                (scope, 7, None, 0, [1, 7], [16, 32], AT),
-                (scope, 11, 7, 2, [11], [48], AT - MINUTE),
-                (scope, 13, 12, 5, [13], [96], AT - MINUTE),  # 12's row is gone
-            ],
+            "INSERT INTO prefix_chains (scope_id, written_at, nodes) VALUES ($1, $2, $3)",
+            [(scope, at, pack_runs(runs)) for at, runs in rows],
         )
         await pool.executemany(
             "INSERT INTO prefix_stats (scope_id, prefix_id, bucket, requests) VALUES ($1, $2, $3, 1)",
-            [(scope, 11, BUCKET), (scope, 13, BUCKET)],
+            [(scope, bottom, BUCKET), (scope, 13, BUCKET)],
         )
-        stats = await PgPlanStore(pool).statistics("m", BUCKET)
-        assert sorted((prefix for _scope, prefix in stats.prefixes), key=lambda p: p.prefix_id) == [
-            StoredPrefix(1, None, 16), StoredPrefix(7, 1, 32), StoredPrefix(11, 7, 48),
-            StoredPrefix(13, 12, 96),
+        stored = [
+            StoredPrefix(1, None, 16), StoredPrefix(top, 1, 32), StoredPrefix(11, top, 48),
+            StoredPrefix(bottom, 11, 2**31 - 1), StoredPrefix(13, 12, 96),
         ]  # fmt: skip
+        stats = await PgPlanStore(pool).statistics("m", BUCKET)
+        assert sorted((p for _s, p in stats.prefixes), key=lambda p: p.prefix_id) == sorted(
+            stored, key=lambda p: p.prefix_id
+        )
+        viewed = await pool.fetch("SELECT prefix_id, parent_id, tokens, depth FROM prefix_nodes ORDER BY 1")
+        assert [StoredPrefix(r[0], r[1], r[2]) for r in viewed] == sorted(stored, key=lambda p: p.prefix_id)
+        assert {r[0]: r[3] for r in viewed} == {bottom: 3, 1: 0, 11: 2, 13: 5, top: 1}
     finally:
         await pool.close()

@@ -1,5 +1,5 @@
-"""The retention sweep drops old ledger rows, catalog payloads, statistics buckets and unreached chain paths,
-and nothing younger or still reached."""
+"""The retention sweep drops old ledger rows, catalog payloads, statistics buckets and old chain rows, and
+nothing younger or still read."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import asyncpg
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.pg_retention import (
     STATISTICS_TABLES,
+    sweep_chains,
     sweep_counts,
     sweep_history,
-    sweep_paths,
     sweep_statistics,
 )
 from warmplane.services.planner.pg_store import PgIngestStore
+from warmplane.shared.chain_nodes import pack_runs
 
 
 async def test_sweep_removes_only_what_is_past_retention(migrated_database: str) -> None:
@@ -94,7 +95,8 @@ async def test_statistics_buckets_before_the_cut_go_in_chunks_and_later_ones_sta
 
 async def test_a_sweep_at_now_cuts_the_detail_and_the_statistics_hours_back(migrated_database: str) -> None:
     """`sweep_counts` as the planner runs it: counts older than the detail hours are summed per scope, the
-    sums older than the statistics hours go, and so does a path past the detail cut that nothing reaches."""
+    sums older than the statistics hours go, and so do chain rows written before the detail cut and the
+    chains' slack."""
     now = datetime.now(UTC)
     minute = int(now.timestamp()) // 60
     pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
@@ -106,119 +108,47 @@ async def test_a_sweep_at_now_cuts_the_detail_and_the_statistics_hours_back(migr
             minute - 3 * 60,  # past the detail cut (2 h): summed
             minute - 30 * 60,  # past the statistics' cut (24 h): summed, then gone
         )
-        await add_path(pool, 1, None, [7, 8], now - timedelta(hours=3))  # nothing reaches it
-        await add_path(pool, 1, None, [1], now - timedelta(hours=3))  # a kept count reaches it
-        swept = await sweep_counts(pool, now, detail_hours=2, stats_hours=24, bucket_seconds=60)
+        await add_chain(pool, 1, [7, 8], now - timedelta(hours=3, minutes=1))  # past the cut and the slack
+        await add_chain(pool, 1, [1], now - timedelta(hours=2, minutes=59))  # within the slack
+        swept = await sweep_counts(
+            pool, now, detail_hours=2, stats_hours=24, bucket_seconds=60, chains_slack_s=3600
+        )
         assert swept == (2, 1, 1)
         assert await pool.fetchval("SELECT array_agg(prefix_id) FROM prefix_stats") == [1]
         assert await pool.fetchval("SELECT array_agg(bucket) FROM scope_traffic") == [minute - 3 * 60]
-        assert await leaves(pool) == {(1, 1)}
+        assert await stored_ids(pool) == {(1, 1)}
     finally:
         await pool.close()
 
 
 NOW = datetime.now(UTC)
-CUT = NOW - timedelta(days=31)
-OLD = NOW - timedelta(days=40)
+CUT = NOW - timedelta(hours=27)
 
 
-async def add_path(
-    pool: asyncpg.Pool, scope: int, anchor: int | None, ids: list[int], seen: datetime
-) -> None:
-    """A `prefix_paths` row as the ingestion function writes it (depths and tokens do not matter here)."""
+async def add_chain(pool: asyncpg.Pool, scope: int, ids: list[int], written: datetime) -> None:
+    """A `prefix_chains` row as a batch writes it: `ids` a run under no anchor."""
     await pool.execute(
-        "INSERT INTO prefix_paths (scope_id, leaf_id, anchor_id, first_depth, ids, tokens, first_seen)"
-        " VALUES ($1, $2, $3, 0, $4, $5, $6)",
+        "INSERT INTO prefix_chains (scope_id, written_at, nodes) VALUES ($1, $2, $3)",
         scope,
-        ids[-1],
-        anchor,
-        ids,
-        [10 * (i + 1) for i in range(len(ids))],
-        seen,
+        written,
+        pack_runs([(None, 0, ids, [10 * (i + 1) for i in range(len(ids))])]),
     )
 
 
-async def leaves(pool: asyncpg.Pool) -> set[tuple[int, int]]:
-    return {
-        (r["scope_id"], r["leaf_id"]) for r in await pool.fetch("SELECT scope_id, leaf_id FROM prefix_paths")
-    }
+async def stored_ids(pool: asyncpg.Pool) -> set[tuple[int, int]]:
+    return {(r["scope_id"], r["prefix_id"]) for r in await pool.fetch("SELECT * FROM prefix_nodes")}
 
 
-async def assert_nodes_hang_together(pool: asyncpg.Pool) -> None:
-    """`prefix_nodes` over what remains: every node of every row, and every parent a node itself."""
-    nodes = {
-        (r["scope_id"], r["prefix_id"]): r["parent_id"]
-        for r in await pool.fetch("SELECT * FROM prefix_nodes")
-    }
-    held = await pool.fetch("SELECT scope_id, unnest(ids) AS id FROM prefix_paths")
-    assert set(nodes) == {(r["scope_id"], r["id"]) for r in held}
-    assert all(parent is None or (scope, parent) in nodes for (scope, _), parent in nodes.items())
-
-
-async def test_old_paths_go_unless_a_retained_statistic_names_one_of_their_prefixes(
-    migrated_database: str,
-) -> None:
-    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
-    try:
-        await add_path(pool, 1, None, [1, 2, 3], OLD)  # nothing reaches it
-        await add_path(pool, 1, None, [10, 11, 12], OLD)  # a request ended at 11 since
-        await add_path(pool, 1, None, [20, 21], OLD)  # a miss at 20 since
-        await add_path(pool, 1, None, [30, 31], NOW - timedelta(days=1))  # younger than the cut
-        await add_path(pool, 2, None, [40, 41], OLD)  # 41 was requested, but in scope 1
-        await pool.execute(
-            "INSERT INTO prefix_stats (scope_id, prefix_id, bucket) VALUES (1, 11, 1), (1, 41, 1)"
-        )
-        await pool.execute("INSERT INTO miss_stats (scope_id, prefix_id, bucket) VALUES (1, 20, 1)")
-
-        assert await sweep_paths(pool, CUT, misses_from_bucket=1) == 2
-        assert await leaves(pool) == {(1, 12), (1, 21), (1, 31)}
-        await assert_nodes_hang_together(pool)
-        assert await sweep_paths(pool, CUT, misses_from_bucket=1) == 0
-        # Misses older than the detail's cut are kept for the API's history, but reach no chain.
-        assert await sweep_paths(pool, CUT, misses_from_bucket=2) == 1
-        assert await leaves(pool) == {(1, 12), (1, 31)}
-    finally:
-        await pool.close()
-
-
-async def test_a_path_stays_while_a_row_hangs_below_it_and_goes_a_sweep_after_its_last_child(
-    migrated_database: str,
-) -> None:
-    pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
-    try:
-        await add_path(pool, 1, None, [1, 2, 3], OLD)  # the root path
-        await add_path(pool, 1, 2, [4, 5], OLD)  # a branch below its middle
-        await add_path(pool, 1, 5, [6], OLD)  # a turn below the branch, still requested
-        await add_path(pool, 1, 3, [7], NOW)  # a young turn below the root path's leaf
-        await pool.execute("INSERT INTO prefix_stats (scope_id, prefix_id, bucket) VALUES (1, 6, 1)")
-        assert await sweep_paths(pool, CUT, misses_from_bucket=0) == 0
-
-        await pool.execute("DELETE FROM prefix_stats")  # the turn's bucket aged out
-        expected = [{(1, 3), (1, 5), (1, 7)}, {(1, 3), (1, 7)}, {(1, 3), (1, 7)}]
-        for remaining in expected:  # a level a sweep: the branch goes after its turn, the root stays
-            await sweep_paths(pool, CUT, misses_from_bucket=0)
-            assert await leaves(pool) == remaining
-            await assert_nodes_hang_together(pool)
-
-        await pool.execute("DELETE FROM prefix_paths WHERE leaf_id = 7")
-        assert await sweep_paths(pool, CUT, misses_from_bucket=0) == 1
-        assert await leaves(pool) == set()
-    finally:
-        await pool.close()
-
-
-async def test_paths_go_in_chunks_until_none_is_left_to_go(migrated_database: str) -> None:
+async def test_chain_rows_go_by_age_in_chunks_until_none_is_left_to_go(migrated_database: str) -> None:
     pool = await asyncpg.create_pool(migrated_database, min_size=1, max_size=2)
     try:
         for n in range(10):
-            await add_path(pool, 1, None, [100 * n + 1, 100 * n + 2], OLD)
-        await pool.execute(
-            "INSERT INTO prefix_stats (scope_id, prefix_id, bucket) VALUES (1, 401, 1), (1, 702, 1)"
-        )
-
-        assert await sweep_paths(pool, CUT, misses_from_bucket=0, chunk=3) == 8  # chunks of 3, 3 and 2
-        assert await leaves(pool) == {(1, 402), (1, 702)}
-        await assert_nodes_hang_together(pool)
+            await add_chain(pool, 1, [100 * n + 1, 100 * n + 2], CUT - timedelta(minutes=n + 1))
+        await add_chain(pool, 1, [2001], CUT + timedelta(minutes=1))
+        await add_chain(pool, 2, [3001], NOW)
+        assert await sweep_chains(pool, CUT, chunk=3) == 10  # chunks of 3, 3, 3 and 1
+        assert await stored_ids(pool) == {(1, 2001), (2, 3001)}
+        assert await sweep_chains(pool, CUT) == 0
     finally:
         await pool.close()
 

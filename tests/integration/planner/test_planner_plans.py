@@ -26,6 +26,7 @@ from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.plan_choice import ModelStatistics
 from warmplane.services.planner.plans import PlanIssuer
 from warmplane.services.planner.settings import PlannerSettings, PlanSettings
+from warmplane.shared.chain_nodes import pack_runs
 from warmplane.shared.event_ids import new_event_id
 from warmplane.shared.events import (
     Event,
@@ -372,13 +373,9 @@ async def test_statistics_leave_out_the_chains_of_scopes_with_no_count_in_the_wi
             )
             base = 100 if rev == "old" else 200
             await pool.execute(
-                "INSERT INTO prefix_paths (scope_id, leaf_id, anchor_id, first_depth, ids, tokens,"
-                " first_seen)"
-                " VALUES ($1, $2, NULL, 0, $3, $4, now())",
+                "INSERT INTO prefix_chains (scope_id, nodes) VALUES ($1, $2)",
                 scope,
-                base + 1,
-                [base, base + 1],
-                [16, 32],
+                pack_runs([(None, 0, [base, base + 1], [16, 32])]),
             )
             await pool.execute(
                 "INSERT INTO prefix_stats (scope_id, prefix_id, bucket, requests) VALUES ($1, $2, $3, 4)",

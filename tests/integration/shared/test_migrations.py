@@ -22,7 +22,7 @@ PLANNER_TABLES = {
     "scopes",
     "prefix_stats",
     "miss_stats",
-    "prefix_paths",
+    "prefix_chains",
     "prefix_catalog",
     "replicas",
     "replica_transitions",
@@ -147,6 +147,33 @@ async def test_0012_adds_and_drops_exactly_the_path_retention_indexes(empty_data
         assert await relations(db) - before == {"prefix_paths_first_seen_brin", "prefix_paths_anchor"}
         await migrate_to(empty_database, "0011", down=True)
         assert await relations(db) == before
+    finally:
+        await db.close()
+
+
+async def test_0016_carries_the_stored_chains_over_and_back(empty_database: str) -> None:
+    """Path rows become packed chain rows and back: the `prefix_nodes` view reads the same nodes at 0015,
+    at 0016 and after the downgrade."""
+    nodes = "SELECT scope_id, prefix_id, parent_id, depth, tokens FROM prefix_nodes ORDER BY 1, 2"
+    db = await asyncpg.connect(empty_database, timeout=_TIMEOUT_S)
+    try:
+        await migrate_to(empty_database, "0015")
+        await db.executemany(
+            "INSERT INTO prefix_paths (scope_id, leaf_id, anchor_id, first_depth, ids, tokens, first_seen)"
+            " VALUES ($1, $2, $3, $4, $5, $6, now())",
+            [
+                (1, 3, None, 0, [1, 2, 3], [16, 32, 48]),
+                (1, 5, 2, 2, [4, 5], [40, 56]),
+                (2, -(2**63), None, 0, [2**63 - 1, -(2**63)], [7, 9]),
+            ],
+        )
+        before = [tuple(row) for row in await db.fetch(nodes)]
+        assert len(before) == 7
+        await migrate_to(empty_database, "0016")
+        assert [tuple(row) for row in await db.fetch(nodes)] == before
+        assert await db.fetchval("SELECT count(*) FROM prefix_chains") == 3
+        await migrate_to(empty_database, "0015", down=True)
+        assert [tuple(row) for row in await db.fetch(nodes)] == before
     finally:
         await db.close()
 

@@ -171,7 +171,6 @@ def test_the_registry_holds_every_kept_bench_once_and_each_module_exists() -> No
     kept = {"ingest", "emitter", "warm", "gateway", "result_cache", "epoch", "plan_scale", "route_scale"}
     kept |= {
         "stats_index",
-        "paths_index",
         "statistics_read",
         "evaluate_policy",
         "scaleup",

@@ -14,6 +14,7 @@ from warmplane.services.planner.core.ingest_batch import Scope
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelStatistics
 from warmplane.services.planner.plans import Unplanned
 from warmplane.services.planner.policy.replica_plan import NodeKey
+from warmplane.shared.chain_nodes import ChainNodes
 from warmplane.shared.events import (
     LIVE_REPLICA_STATES,
     EpochBumped,
@@ -99,7 +100,9 @@ class MemoryPlans:
         while True:  # each node a row of its own, in any order: a round a level, until none resolves more
             wanted = chains.unresolved()
             for scope, prefix, parent, tokens in self.prefixes:
-                chains.take(scope, parent, [prefix], [tokens])
+                node = ChainNodes()
+                node.add_run(parent, 0, [prefix], [tokens])
+                chains.take(scope, node)
             if chains.unresolved() == wanted:
                 break
         prefixes, taken = chains.bounded(leaves, max_nodes)

@@ -1,24 +1,26 @@
 """A plan's read keeps the nodes on the counted leaves' chains, and at most `max_nodes` of them
 (`core/chains_read.py`): checked against chains walked directly, on forests stored as ingestion stores them
-(path rows anchored at nodes stored before)."""
+(runs of new nodes anchored at nodes stored before, packed a batch at a time)."""
 
 from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from warmplane.services.planner.core.chains_read import ChainsNeeded
 from warmplane.services.planner.policy import StoredPrefix
+from warmplane.shared.chain_nodes import NODE_BYTES, ChainNodes, unpack
 
 Row = tuple[int, int | None, list[int], list[int]]
-"""(scope, anchor, ids, tokens), as `prefix_paths` holds a row."""
+"""(scope, anchor, ids, tokens): a run of new nodes, as a batch adds it."""
 
 
 def stored_forest(seed: int, rows: int) -> tuple[list[Row], dict[tuple[int, int], StoredPrefix]]:
-    """`rows` path rows, oldest first, in two scopes: each a run of new nodes under a root or under a node
-    of an earlier row (a conversation's next turn, or a chat under a system prompt), and every node."""
+    """`rows` runs of new nodes, oldest first, in two scopes, each under a root or under a node of an
+    earlier run (a conversation's next turn, or a chat under a system prompt); and every node."""
     rng = random.Random(seed)
     nodes: dict[tuple[int, int], StoredPrefix] = {}
     paths: list[Row] = []
@@ -49,10 +51,21 @@ def chain_of(nodes: dict[tuple[int, int], StoredPrefix], leaf: tuple[int, int]) 
     return chain
 
 
-def read(paths: list[Row], leaves: list[tuple[int, int]]) -> ChainsNeeded:
+def packed(*runs: Row) -> dict[int, ChainNodes]:
+    """The runs as a batch stores them: a packed value a scope (`shared/chain_nodes.py`), through it."""
+    by_scope: dict[int, ChainNodes] = {}
+    for scope, anchor, ids, tokens in runs:
+        by_scope.setdefault(scope, ChainNodes()).add_run(anchor, 0, ids, tokens)
+    return {scope: unpack(nodes.pack()) for scope, nodes in by_scope.items()}
+
+
+def read(paths: list[Row], leaves: list[tuple[int, int]], per_batch: int = 3) -> ChainsNeeded:
+    """`paths` stored `per_batch` runs to a batch, read newest batch first."""
     needed = ChainsNeeded(leaves)
-    for row in reversed(paths):  # newest first, as the read streams them
-        needed.take(*row)
+    batches = [paths[at : at + per_batch] for at in range(0, len(paths), per_batch)]
+    for batch in reversed(batches):
+        for scope, nodes in packed(*batch).items():
+            needed.take(scope, nodes)
     return needed
 
 
@@ -89,31 +102,43 @@ def test_a_bound_takes_the_most_recent_leaves_whose_chains_fit(seed: int, rows: 
         assert len(more) > max_nodes, "the next leaf's chain would not have fitted"
 
 
-def test_an_anchor_met_before_its_need_is_known_is_reported_and_found_when_handed_again() -> None:
-    # Two rows of one batch share a time: the read may hand the parent's row first.
-    parent_row: Row = (1, None, [1, 2], [16, 32])
-    child_row: Row = (1, 2, [3], [48])
-    needed = ChainsNeeded([(1, 3)])
-    needed.take(*parent_row)
-    needed.take(*child_row)
-    assert needed.unresolved() == {(1, 2)}
-    needed.take(*parent_row)
-    assert needed.unresolved() == set()
-    assert set(needed.prefixes()) == {(1, 1), (1, 2), (1, 3)}
+def test_a_parent_no_row_holds_ends_the_chain_there() -> None:
+    # Node 12's row was swept: 13 is kept, and 12 is reported needed.
+    needed = ChainsNeeded([(1, 13), (1, 7)])
+    for scope, nodes in packed((1, None, [1, 7], [16, 32]), (1, 12, [13], [96])).items():
+        needed.take(scope, nodes)
+    assert needed.unresolved() == {(1, 12)}
+    assert needed.prefixes() == {
+        (1, 1): StoredPrefix(1, None, 16), (1, 7): StoredPrefix(7, 1, 32), (1, 13): StoredPrefix(13, 12, 96)
+    }  # fmt: skip
 
 
-def test_where_a_node_stands_in_two_rows_the_oldest_rows_word_stands() -> None:
+def test_where_a_node_is_stored_twice_the_oldest_rows_word_stands() -> None:
     # A planner whose node cache forgot node 2 wrote its chain again, with another token estimate.
     needed = ChainsNeeded([(1, 3)])
-    needed.take(1, 2, [3], [50])
-    needed.take(1, None, [1, 2], [16, 33])  # the second write, newer
-    needed.take(1, None, [1, 2], [16, 32])  # the first
+    for row in ((1, 2, [3], [50]), (1, None, [1, 2], [16, 33]), (1, None, [1, 2], [16, 32])):  # newest first
+        for scope, nodes in packed(row).items():
+            needed.take(scope, nodes)
     assert needed.prefixes()[(1, 2)] == StoredPrefix(2, 1, 32)
     assert needed.prefixes()[(1, 3)] == StoredPrefix(3, 2, 50)
 
 
 def test_nodes_below_the_deepest_needed_one_and_other_scopes_are_not_kept() -> None:
     needed = ChainsNeeded([(1, 2)])
-    needed.take(2, None, [1, 2, 3], [16, 32, 48])  # the same ids in another scope
-    needed.take(1, None, [1, 2, 3], [16, 32, 48])
+    rows = packed((2, None, [1, 2, 3], [16, 32, 48]), (1, None, [1, 2, 3], [16, 32, 48]))
+    for scope, nodes in rows.items():
+        needed.take(scope, nodes)
     assert set(needed.prefixes()) == {(1, 1), (1, 2)}
+
+
+def test_packed_nodes_come_back_as_they_were_added() -> None:
+    nodes = ChainNodes()
+    nodes.add_run(None, 0, [1, -(2**63)], [16, 32])
+    nodes.add_run(1, 1, [2**63 - 1], [2**31 - 1])
+    back = unpack(nodes.pack())
+    assert (list(back.ids), list(back.parents), list(back.tokens), list(back.depths)) == (
+        [1, -(2**63), 2**63 - 1], [1, 1, 1], [16, 32, 2**31 - 1], [0, 1, 1]
+    )  # fmt: skip
+    assert len(nodes.pack()) == 3 * NODE_BYTES
+    with pytest.raises(ValueError, match="not whole nodes"):
+        unpack(nodes.pack()[:-1])

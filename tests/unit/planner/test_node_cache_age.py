@@ -1,5 +1,5 @@
 """The node cache forgets what it remembered once its oldest node is `max_age_s` old, and the writer asks it
-to before every fold, so no fold trusts a node whose path rows the retention sweep may have deleted."""
+to before every fold, so no fold trusts a node whose chain row the retention sweep may have deleted."""
 
 from __future__ import annotations
 

@@ -1,0 +1,76 @@
+"""Chain nodes packed for storage: what one ingestion batch adds to one scope's chains, in one value.
+
+`prefix_chains` (migration 0016) holds a row per committed batch and scope, not a row per request: on chat
+traffic, where nearly every request adds nodes, a row and three index entries a request were most of
+Postgres's cost of a batch (`python -m bench.batch_write_bench`). A row's `nodes` is this packing: for n
+nodes, n ids, then n parents, then n cumulative token counts, then n depths, each big-endian (signed 8,
+8, 4 and 4 bytes; 24 bytes a node). A root's parent is its own id (no node is its own parent). Nodes come
+in the order their batch added them, so a node's parent is earlier in the same value or in an earlier row.
+Big-endian so that SQL can read it too (`warmplane_chain_nodes`, for the `prefix_nodes` view).
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+NODE_BYTES = 24
+
+
+@dataclass(slots=True)
+class ChainNodes:
+    """Nodes gathered for packing, in the order they are added (parents first)."""
+
+    ids: array[int] = field(default_factory=lambda: array("q"))
+    parents: array[int] = field(default_factory=lambda: array("q"))
+    tokens: array[int] = field(default_factory=lambda: array("i"))
+    depths: array[int] = field(default_factory=lambda: array("i"))
+
+    def add_run(self, anchor: int | None, first_depth: int, ids: list[int], tokens: list[int]) -> None:
+        """A run of nodes, each the parent of the next, the first under `anchor` (None: a root), with
+        their cumulative `tokens`, the first at depth `first_depth`."""
+        if not ids:
+            return
+        self.ids.extend(ids)
+        self.parents.append(ids[0] if anchor is None else anchor)
+        self.parents.extend(ids[:-1])
+        self.tokens.extend(tokens)
+        self.depths.extend(range(first_depth, first_depth + len(ids)))
+
+    def pack(self) -> bytes:
+        """The stored value (module doc)."""
+        columns = [array(c.typecode, c) for c in (self.ids, self.parents, self.tokens, self.depths)]
+        if sys.byteorder == "little":
+            for column in columns:
+                column.byteswap()
+        return b"".join(column.tobytes() for column in columns)
+
+
+def unpack(value: bytes) -> ChainNodes:
+    """The nodes of a stored value; `ValueError` if its length is not a whole number of nodes."""
+    count, rest = divmod(len(value), NODE_BYTES)
+    if rest:
+        raise ValueError(f"a packed chain value of {len(value)} bytes is not whole nodes of {NODE_BYTES}")
+    nodes = ChainNodes()
+    at = 0
+    for column, width in ((nodes.ids, 8), (nodes.parents, 8), (nodes.tokens, 4), (nodes.depths, 4)):
+        column.frombytes(value[at : at + width * count])
+        at += width * count
+        if sys.byteorder == "little":
+            column.byteswap()
+    return nodes
+
+
+def parent_of(prefix: int, stored_parent: int) -> int | None:
+    """The parent a stored node names: None at a root (stored as its own id)."""
+    return None if stored_parent == prefix else stored_parent
+
+
+def pack_runs(runs: Iterable[tuple[int | None, int, list[int], list[int]]]) -> bytes:
+    """`ChainNodes.add_run` for each (anchor, first depth, ids, tokens), packed."""
+    nodes = ChainNodes()
+    for anchor, first_depth, ids, tokens in runs:
+        nodes.add_run(anchor, first_depth, ids, tokens)
+    return nodes.pack()
