@@ -1,17 +1,18 @@
-"""What the planner's batch writes cost Postgres, by part: the whole batch, its counts alone, its chain paths
-alone. Run:
+"""What the planner's batch writes cost Postgres, by part: the whole batch, its counts alone, its new chain
+nodes alone. Run:
 
     python -m bench.batch_write_bench [--events 60000] [--batch 5000] [--runs 3]
 
 No broker and no consumer: the events of each shape of `bench.ingest_bench` (fleet: leaves that repeat;
 mooncake: the conversation trace's chains, about 16 new chain nodes a request) are folded in batches of
 `--batch` against a node cache that remembers what each batch added, as the planner's writer does, and each
-batch is written with `PgIngestStore.write` (one transaction: offsets, ledger, counts, paths, catalogue)
-into a fresh migrated database. Three variants, interleaved run by run: the batches as folded; the same
-batches without their chain paths (`IngestBatch.paths` emptied: what a store keeping chains elsewhere would
-write); and without their requests (the paths, offsets and ledger alone). It prints Postgres's CPU an event
-(its whole process tree, over the writes) and the writes' wall time an event, medians of `--runs`: where a
-chat event's Postgres time goes, which `bench.ingest_bench --shape mooncake` measures only whole.
+batch is written with `PgIngestStore.write` (one transaction: offsets, ledger, counts, new chain nodes,
+catalogue) into a fresh migrated database. Three variants, interleaved run by run: the batches as folded;
+the same batches without their new chain nodes (`IngestBatch.paths` emptied: what a store keeping chains
+elsewhere would write); and without their requests (the chain nodes, offsets and ledger alone). It prints
+Postgres's CPU an event (its whole process tree, over the writes) and the writes' wall time an event,
+medians of `--runs`: where a chat event's Postgres time goes, which `bench.ingest_bench --shape mooncake`
+measures only whole.
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ def without_requests(batch: IngestBatch) -> IngestBatch:
 
 VARIANTS: dict[str, Callable[[IngestBatch], IngestBatch]] = {
     "whole batch": lambda batch: batch,
-    "counts alone (no chain paths)": without_paths,
-    "chain paths alone (no counts)": without_requests,
+    "counts alone (no chain nodes)": without_paths,
+    "chain nodes alone (no counts)": without_requests,
 }
 
 
@@ -102,7 +103,7 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
                     runs[name].append(await write_all(postgres, variant_batches))
             nodes = sum(len(path.ids) for _, batch in batches for path in batch.paths.values())
             paths = sum(len(batch.paths) for _, batch in batches)
-            shares = f"{paths / args.events:.2f} path rows, {nodes / args.events:.1f} chain nodes"
+            shares = f"{paths / args.events:.2f} runs of new chain nodes, {nodes / args.events:.1f} nodes"
             print(f"{shape}: {shares} an event")
             whole = statistics.median(cpu for cpu, _ in runs["whole batch"]) * 1e6
             for name, measured in runs.items():

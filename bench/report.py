@@ -76,7 +76,7 @@ BENCHES = (
           "Planner ingestion of chat-shaped traffic (the conversation trace's chains): rates, CPU, bytes"),
     Bench("batch_write", "bench.batch_write_bench", 0.4, 10,  # measured: 22 s
           "--events 60000 --batch 5000 --runs 3",
-          "A batch's write into Postgres by part: counts, chain paths, the whole, on both shapes"),
+          "A batch's write into Postgres by part: counts, new chain nodes, the whole, on both shapes"),
     Bench("fold", "bench.fold_bench", 0.5, 5,  # measured: 17 s
           "--events 120000 --batch 30000 --runs 5",
           "The planner's fold of a batch alone, against decoding the same events, on both shapes"),
