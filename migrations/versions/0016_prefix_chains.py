@@ -13,8 +13,9 @@ out of line uncompressed (random 64-bit ids do not compress), in the same transa
 offsets. `written_at` is the transaction's time: a node's parent is in its own row or in an older one.
 
 Readers: a plan's read streams a model's rows newest first and keeps the nodes on its leaves' chains
-(`core/chains_read.py`); SQL reads them through `warmplane_chain_nodes(nodes)` and the `prefix_nodes` view,
-kept with its columns (the API's chain tree, the devstack's summary). The sweep drops rows by age
+(`core/chains_read.py`); the API's chain tree unpacks a scope's rows in Python; SQL reads them through
+`warmplane_chain_nodes(nodes)` and the `prefix_nodes` view, kept with its columns (the devstack's summary,
+ad-hoc queries). The sweep drops rows by age
 (`pg_retention.py` argues why that keeps every chain a retained count reaches). Existing path rows become
 one-row chains, each at its `first_seen`.
 

@@ -58,8 +58,8 @@ class ChainsNeeded:
                     wanted.add(parent)
 
     def unresolved(self) -> set[NodeKey]:
-        """Nodes needed that no row handed so far held: their rows were handed before the need was known
-        (hand them again), or are gone (swept, or never stored)."""
+        """Nodes needed that no row handed so far held: once every row was handed, their rows are gone
+        (swept) or were never stored, and the chains through them end there."""
         return {(scope, prefix) for scope, prefixes in self._wanted.items() for prefix in prefixes}
 
     def __len__(self) -> int:
