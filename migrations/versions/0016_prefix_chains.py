@@ -5,8 +5,8 @@ Revises: 0015
 Create Date: 2026-12-07
 
 On chat traffic nearly every request adds chain nodes, and `prefix_paths` took a row for each (with its
-primary key, the anchors' B-tree and a BRIN index): 7.7 of the 11.8 us of Postgres CPU a chat event's batch
-write cost, against 4.8 for its counts (`python -m bench.batch_write_bench`), and the planner's text
+primary key, the anchors' B-tree and a BRIN index): most of Postgres's CPU for a chat batch's write, more
+than its counts (`python -m bench.batch_write_bench`; figures in bench/RESULTS.md), and the planner's text
 literals for their arrays on top. So a batch now writes its new nodes as one packed value per scope
 (`shared/chain_nodes.py`: ids, parents, cumulative tokens and depths, big-endian, 24 bytes a node), stored
 out of line uncompressed (random 64-bit ids do not compress), in the same transaction as its counts and

@@ -310,41 +310,30 @@ class PgIngestStore:
     async def scope_ids(self, connection: asyncpg.Connection, scopes: set[Scope]) -> dict[Scope, int]:
         """The ids of `scopes`, creating the missing ones. Cached: a scope's id never changes.
 
-        Two planners may create one scope at once: the second's insert waits for the first's, does
-        nothing, and its statement's snapshot, taken before the first committed, does not see the row.
-        It is read again in a statement of its own (outside a transaction: a snapshot of its own)."""
+        Created, then read, in two statements (outside a transaction, each its own snapshot): when two
+        planners create one scope at once, the second's insert waits for the first's and does nothing,
+        and a read in that same statement, its snapshot taken before the first committed, would miss
+        the row."""
         missing = [scope for scope in scopes if scope not in self._scope_ids]
         if missing:
+            columns = ([s[0] for s in missing], [s[1] for s in missing], [s[2] for s in missing])
+            await connection.execute(
+                """
+                INSERT INTO scopes (tenant, model, prompt_rev)
+                SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) ON CONFLICT DO NOTHING
+                """,
+                *columns,
+            )
             rows = await connection.fetch(
                 """
-                WITH wanted AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS w(t, m, p)),
-                     made AS (INSERT INTO scopes (tenant, model, prompt_rev) SELECT t, m, p FROM wanted
-                              ON CONFLICT DO NOTHING RETURNING scope_id, tenant, model, prompt_rev)
-                SELECT scope_id, tenant, model, prompt_rev FROM made
-                UNION ALL
                 SELECT s.scope_id, s.tenant, s.model, s.prompt_rev FROM scopes s
-                JOIN wanted w ON (s.tenant, s.model, s.prompt_rev) = (w.t, w.m, w.p)
+                JOIN unnest($1::text[], $2::text[], $3::text[]) AS w(t, m, p)
+                  ON (s.tenant, s.model, s.prompt_rev) = (w.t, w.m, w.p)
                 """,
-                [s[0] for s in missing],
-                [s[1] for s in missing],
-                [s[2] for s in missing],
+                *columns,
             )
             for row in rows:
                 self._scope_ids[(row[1], row[2], row[3])] = row[0]
-            raced = [scope for scope in missing if scope not in self._scope_ids]
-            if raced:  # another planner's insert committed while this one waited on it: read it again
-                rows = await connection.fetch(
-                    """
-                    SELECT s.scope_id, s.tenant, s.model, s.prompt_rev FROM scopes s
-                    JOIN unnest($1::text[], $2::text[], $3::text[]) AS w(t, m, p)
-                      ON (s.tenant, s.model, s.prompt_rev) = (w.t, w.m, w.p)
-                    """,
-                    [s[0] for s in raced],
-                    [s[1] for s in raced],
-                    [s[2] for s in raced],
-                )
-                for row in rows:
-                    self._scope_ids[(row[1], row[2], row[3])] = row[0]
         return {scope: self._scope_ids[scope] for scope in scopes}
 
     async def _record_fleet(self, connection: asyncpg.Connection, batch: IngestBatch) -> None:

@@ -123,8 +123,8 @@ class PlanSettings(BaseModel):
     """Chain nodes a plan's read holds at most: the leaves most recently counted whose chains fit. A kept
     read that outgrows it by absorbing reads again, and kept reads together hold at most this many beside
     the newest (`kept_reads.py`). So what the planner holds for plans is bounded by this, not by the history
-    or the traffic rate: a read and its trie held about 650 bytes a node at their peak
-    (`python -m bench.statistics_read_bench`). Size it near the fleet's KV capacity in blocks: a store of
+    or the traffic rate (`python -m bench.statistics_read_bench --max-nodes` measures a read's memory
+    within it). Size it near the fleet's KV capacity in blocks: a store of
     0.8 of it planned as one holding everything on the shipped traces (`python -m bench.store_eval`). None
     holds every counted leaf."""
     statistics_max_age_s: Annotated[float, Field(ge=0, le=300)] = 10.0
