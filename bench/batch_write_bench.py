@@ -8,7 +8,7 @@ mooncake: the conversation trace's chains, about 16 new chain nodes a request) a
 `--batch` against a node cache that remembers what each batch added, as the planner's writer does, and each
 batch is written with `PgIngestStore.write` (one transaction: offsets, ledger, counts, new chain nodes,
 catalogue) into a fresh migrated database. Three variants, interleaved run by run: the batches as folded;
-the same batches without their new chain nodes (`IngestBatch.paths` emptied: what a store keeping chains
+the same batches without their new chain nodes (`IngestBatch.chains` emptied: what a store keeping chains
 elsewhere would write); and without their requests (the chain nodes, offsets and ledger alone). It prints
 Postgres's CPU an event (its whole process tree, over the writes) and the writes' wall time an event,
 medians of `--runs`: where a chat event's Postgres time goes, which `bench.ingest_bench --shape mooncake`
@@ -56,17 +56,17 @@ def folded(events: list[Event], size: int) -> Batches:
     return batches
 
 
-def without_paths(batch: IngestBatch) -> IngestBatch:
+def without_chains(batch: IngestBatch) -> IngestBatch:
     return IngestBatch(requests=batch.requests, misses=batch.misses, catalog=batch.catalog)
 
 
 def without_requests(batch: IngestBatch) -> IngestBatch:
-    return IngestBatch(requests=RequestColumns(), paths=batch.paths)
+    return IngestBatch(requests=RequestColumns(), chains=batch.chains)
 
 
 VARIANTS: dict[str, Callable[[IngestBatch], IngestBatch]] = {
     "whole batch": lambda batch: batch,
-    "counts alone (no chain nodes)": without_paths,
+    "counts alone (no chain nodes)": without_chains,
     "chain nodes alone (no counts)": without_requests,
 }
 
@@ -101,10 +101,8 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
             for _ in range(args.runs):
                 for name, variant_batches in prepared.items():
                     runs[name].append(await write_all(postgres, variant_batches))
-            nodes = sum(len(path.ids) for _, batch in batches for path in batch.paths.values())
-            paths = sum(len(batch.paths) for _, batch in batches)
-            shares = f"{paths / args.events:.2f} runs of new chain nodes, {nodes / args.events:.1f} nodes"
-            print(f"{shape}: {shares} an event")
+            nodes = sum(len(chain.ids) for _, batch in batches for chain in batch.chains.values())
+            print(f"{shape}: {nodes / args.events:.1f} new chain nodes an event")
             whole = statistics.median(cpu for cpu, _ in runs["whole batch"]) * 1e6
             for name, measured in runs.items():
                 cpu = statistics.median(c for c, _ in measured) * 1e6

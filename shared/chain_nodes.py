@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 NODE_BYTES = 24
@@ -38,6 +38,11 @@ class ChainNodes:
         self.parents.extend(ids[:-1])
         self.tokens.extend(tokens)
         self.depths.extend(range(first_depth, first_depth + len(ids)))
+
+    def __iter__(self) -> Iterator[tuple[int, int | None, int, int]]:
+        """Each node as (id, parent (None at a root), cumulative tokens, depth), in the order added."""
+        ids = self.ids
+        return zip(ids, map(parent_of, ids, self.parents), self.tokens, self.depths, strict=True)
 
     def pack(self) -> bytes:
         """The stored value (module doc)."""

@@ -25,7 +25,6 @@ import msgspec
 from warmplane.services.planner.core.ingest_batch import IngestBatch, Scope
 from warmplane.services.planner.core.recent_ids import pack_ids, unpack_ids
 from warmplane.services.planner.pg_residency import record_residency
-from warmplane.shared.chain_nodes import ChainNodes
 from warmplane.shared.events import (
     EpochBumped,
     Event,
@@ -229,12 +228,7 @@ class PgIngestStore:
             ),
         )
         await connection.copy_records_to_table(STAGED_COUNTS, records=rows, columns=_STAGED_COLUMNS)
-        chains: dict[int, ChainNodes] = {}
-        for (scope, _leaf), path in batch.paths.items():
-            nodes = chains.get(ids[scope])
-            if nodes is None:
-                nodes = chains[ids[scope]] = ChainNodes()
-            nodes.add_run(path.anchor_id, path.first_depth, path.ids, path.tokens)
+        chains = batch.chains
         catalog = batch.catalog
         await connection.execute(
             INGEST_EVENTS,
@@ -246,7 +240,7 @@ class PgIngestStore:
             [s.last_offset for s in slices],
             [pack_ids(s.event_ids) for s in slices],
             self._bucket_seconds,
-            list(chains),
+            [ids[scope] for scope in chains],
             [nodes.pack() for nodes in chains.values()],
             [ids[n[0]] for n in catalog],
             [n[1] for n in catalog],

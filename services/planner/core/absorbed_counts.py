@@ -19,8 +19,9 @@ from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from warmplane.services.planner.core.ingest_batch import ChainPath, IngestBatch, Scope, ScopedPrefix
+from warmplane.services.planner.core.ingest_batch import IngestBatch, Scope, ScopedPrefix
 from warmplane.services.planner.policy import PrefixTrie
+from warmplane.shared.chain_nodes import ChainNodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +30,7 @@ class CommittedCounts:
     time bucket), as Postgres sums them; its new chain ends; the prefixes it catalogued."""
 
     requests: Counter[tuple[Scope, int, int]]
-    paths: Mapping[ScopedPrefix, ChainPath]
+    chains: Mapping[Scope, ChainNodes]
     catalogued: Collection[ScopedPrefix]
 
     @classmethod
@@ -39,7 +40,7 @@ class CommittedCounts:
         columns = batch.requests
         buckets = [int(seconds) // bucket_seconds for seconds in columns.seconds]
         summed = Counter(zip(columns.scopes, columns.leaves, buckets, strict=True))
-        return cls(summed, batch.paths, batch.catalog.keys())
+        return cls(summed, batch.chains, batch.catalog.keys())
 
 
 def absorb(
@@ -87,7 +88,7 @@ class _Added:
         self._tenant = tenant
         self.parents: dict[int, int | None] = {}
         self.stated: dict[int, int] = {}
-        """Each new prefix's tokens as its chain states them (`ChainPath.tokens`)."""
+        """Each new prefix's tokens as its chain states them (`ChainNodes.tokens`)."""
         self.scope_of: dict[int, int] = {}
         self.counts: Counter[tuple[int, float]] = Counter()
         """Requests per (leaf, time stamped)."""
@@ -99,15 +100,15 @@ class _Added:
     def take(self, batch: CommittedCounts, bucket_seconds: int, now: float) -> bool:
         """Gather `batch`; False if it counts in a scope of ours the read did not see."""
         scope_ids = self._scope_ids
-        for (scope, _leaf), path in batch.paths.items():
+        for scope, nodes in batch.chains.items():
             if not self._ours(scope):
                 continue
             scope_id = scope_ids.get(scope)
             if scope_id is None:
                 return False
-            for prefix, edge in path.edges():
+            for prefix, parent, tokens, _depth in nodes:
                 if prefix not in self.parents:
-                    self.parents[prefix], self.stated[prefix] = edge.parent_id, edge.tokens
+                    self.parents[prefix], self.stated[prefix] = parent, tokens
                     self.scope_of[prefix] = scope_id
         half = bucket_seconds / 2
         for (scope, leaf, bucket), requests in batch.requests.items():

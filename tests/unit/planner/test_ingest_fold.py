@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from warmplane.services.planner.core.ingest_batch import (
     ChainEdge,
-    ChainPath,
     Scope,
     ScopedPrefix,
     fold_events,
@@ -160,7 +159,7 @@ def by_scope(nodes: set[ScopedPrefix]) -> dict[Scope, set[int]]:
 def expected_edges(
     events: Sequence[RequestObserved], stored: set[ScopedPrefix]
 ) -> dict[ScopedPrefix, ChainEdge]:
-    """Per chain, the nodes below its deepest stored node; each with the first event that carried it.
+    """Per chain, the nodes below its deepest stored node; each as the first event that carried it says.
 
     A chain that ends at an ancestor of a stored node, without passing through it, re-emits the
     ancestor: the fold cannot know it is stored, and the write is a no-op.
@@ -171,7 +170,7 @@ def expected_edges(
         stored_depths = [d for d, prefix_id in enumerate(event.chain) if (scope, prefix_id) in stored]
         for depth in range(max(stored_depths, default=-1) + 1, len(event.chain)):
             parent = event.chain[depth - 1] if depth else None
-            edge = ChainEdge(parent, depth, event.chain_tokens[depth], event.occurred_at)
+            edge = ChainEdge(parent, depth, event.chain_tokens[depth])
             edges.setdefault((scope, event.chain[depth]), edge)
     return edges
 
@@ -201,13 +200,19 @@ def test_edges_of_a_fresh_chain_run_from_its_root() -> None:
     event = _request_at(BASE, chain=chain, chain_tokens=tokens, prompt_tokens=tokens[-1])
     batch = fold_events([event], stored_nodes={scope: {chain[0]}})
     assert batch.edges() == {
-        (scope, chain[1]): ChainEdge(chain[0], 1, 3, BASE),
-        (scope, chain[2]): ChainEdge(chain[1], 2, 8, BASE),
+        (scope, chain[1]): ChainEdge(chain[0], 1, 3),
+        (scope, chain[2]): ChainEdge(chain[1], 2, 8),
     }
     root_too = fold_events([event], stored_nodes={})
-    assert root_too.edges()[(scope, chain[0])] == ChainEdge(None, 0, 1, BASE)
-    # One row for the request's whole new chain end, not one per prefix.
-    assert list(root_too.paths.values()) == [ChainPath(None, 0, chain, tokens, BASE)]
+    assert root_too.edges()[(scope, chain[0])] == ChainEdge(None, 0, 1)
+    # Packed as stored: ids, parents (a root's its own id), cumulative tokens, depths.
+    nodes = root_too.chains[scope]
+    assert [list(column) for column in (nodes.ids, nodes.parents, nodes.tokens, nodes.depths)] == [
+        chain,
+        [chain[0], *chain[:-1]],
+        tokens,
+        [0, 1, 2],
+    ]
 
 
 def test_a_payload_is_catalogued_with_the_tokens_of_its_prefix() -> None:
@@ -236,7 +241,7 @@ def test_misses_are_keyed_by_the_first_non_resident_element(events: list[PrefixM
         )
         for e in events
     ]
-    assert batch.requests.scopes == [] and batch.paths == {}
+    assert batch.requests.scopes == [] and batch.chains == {}
 
 
 def test_a_miss_example() -> None:

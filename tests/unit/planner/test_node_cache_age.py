@@ -11,6 +11,7 @@ from tests.unit.planner.ingestor_fakes import Consumer, request_record, started_
 from tests.unit.planner.memory_ingest import MemoryIngest
 from warmplane.services.planner.core.ingest_batch import Scope, ScopedPrefix
 from warmplane.services.planner.core.node_cache import NodeCache
+from warmplane.shared.chain_nodes import parent_of
 
 SCOPE = ("acme", "m", "")
 
@@ -81,5 +82,5 @@ async def test_the_writer_folds_a_batch_trusting_only_nodes_younger_than_the_bou
         await asyncio.wait_for(ingestor.flush(), 5)
     finally:
         await asyncio.wait_for(ingestor.drain(), 5)
-    path = store.batches[-1].paths[(SCOPE, 3)]
-    assert (path.anchor_id, path.ids) == (anchor, ids)
+    nodes = store.batches[-1].chains[SCOPE]
+    assert (parent_of(nodes.ids[0], nodes.parents[0]), list(nodes.ids)) == (anchor, ids)
