@@ -262,7 +262,7 @@ async def planner_run(
         await task
     db = await asyncpg.connect(settings.postgres.asyncpg_dsn())
     try:
-        durable = await db.fetchval("SELECT sum(requests) FROM prefix_stats")
+        durable = await db.fetchval("SELECT sum(requests) FROM prefix_requests")
         assert durable == requests, f"Postgres holds {durable} requests, expected {requests}"
         sizes = {name: size / total for name, size in await db.fetch(STORED_BYTES) if size}
         wal = await db.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)", wal_before)
@@ -317,7 +317,7 @@ async def planner_processes_run(
                     f" with {counted:,} of {total:,} events counted; its log: {log_path}"
                 )
             await asyncio.sleep(0.02)
-        durable = await db.fetchval("SELECT sum(requests) FROM prefix_stats")
+        durable = await db.fetchval("SELECT sum(requests) FROM prefix_requests")
         assert counted == total, f"the planners consumed {counted} events, expected {total}"
         assert durable == requests, f"Postgres holds {durable} requests, expected {requests}"
         assert first is not None

@@ -190,7 +190,7 @@ async def _drained(dsn: str, expected: int, fleet: SoakFleet) -> int:
     try:
 
         async def counted() -> int:
-            return int(await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_stats"))
+            return int(await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_requests"))
 
         with contextlib.suppress(TimeoutError):
             await _until(lambda: _at_least(counted, expected), _DRAIN_TIMEOUT_S, "ingestion to drain", fleet)

@@ -7,6 +7,10 @@ nodes, n ids, then n parents, then n cumulative token counts, then n depths, eac
 8, 4 and 4 bytes; 24 bytes a node). A root's parent is its own id (no node is its own parent). Nodes come
 in the order their batch added them, so a node's parent is earlier in the same value or in an earlier row.
 Big-endian so that SQL can read it too (`warmplane_chain_nodes`, for the `prefix_nodes` view).
+
+A row's `leaves` (migration 0017) holds the requests its batch counted at leaves the row adds: per
+request, its leaf's id and its time bucket, big-endian int8 each, interleaved (SQL packs it, row by row;
+`unpack_leaves` reads it, `warmplane_chain_leaves` in SQL).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 NODE_BYTES = 24
+LEAF_BYTES = 16
 
 
 @dataclass(slots=True)
@@ -66,6 +71,18 @@ def unpack(value: bytes) -> ChainNodes:
         if sys.byteorder == "little":
             column.byteswap()
     return nodes
+
+
+def unpack_leaves(value: bytes) -> Iterator[tuple[int, int]]:
+    """(leaf id, bucket) of each request a stored `leaves` value counts; `ValueError` if its length is not
+    a whole number of requests."""
+    if len(value) % LEAF_BYTES:
+        raise ValueError(f"a packed leaves value of {len(value)} bytes is not whole requests of {LEAF_BYTES}")
+    pairs = array("q")
+    pairs.frombytes(value)
+    if sys.byteorder == "little":
+        pairs.byteswap()
+    return zip(pairs[0::2], pairs[1::2], strict=True)
 
 
 def parent_of(prefix: int, stored_parent: int) -> int | None:

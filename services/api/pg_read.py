@@ -14,7 +14,7 @@ import asyncpg
 import msgspec
 
 from warmplane.services.api.figures import Window
-from warmplane.shared.chain_nodes import parent_of, unpack
+from warmplane.shared.chain_nodes import parent_of, unpack, unpack_leaves
 from warmplane.shared.events import LIVE_REPLICA_STATES
 from warmplane.shared.traffic_sums import TRAFFIC_SUMS
 
@@ -130,6 +130,11 @@ LEAF_REQUESTS = """
 SELECT p.prefix_id, sum(p.requests)::bigint FROM prefix_stats p JOIN scopes s USING (scope_id)
 WHERE s.model = $1 AND s.tenant = $2 AND s.prompt_rev = $3 AND p.bucket >= $4 GROUP BY p.prefix_id
 """
+CHAIN_LEAVES = """
+SELECT c.leaves FROM prefix_chains c JOIN scopes s USING (scope_id)
+WHERE s.model = $1 AND s.tenant = $2 AND s.prompt_rev = $3 AND c.leaves <> ''::bytea
+"""
+"""A scope's requests counted with the leaves their batches added (migration 0017)."""
 # The fleet's models are no tenant's secret (replicas list them); models only in scopes are a tenant's.
 MODELS = """
 SELECT DISTINCT model FROM replicas
@@ -237,8 +242,15 @@ class PgReadModel:
     async def leaf_requests(
         self, model: str, tenant: str, prompt_rev: str, since_bucket: int
     ) -> dict[int, int]:
+        """Requests per leaf of one scope from `since_bucket` on: `prefix_stats`'s, and those its chain rows
+        count at the leaves they add."""
         rows = await self._pool.fetch(LEAF_REQUESTS, model, tenant, prompt_rev, since_bucket)
-        return {row[0]: row[1] for row in rows}
+        requests = {row[0]: row[1] for row in rows}
+        for (packed,) in await self._pool.fetch(CHAIN_LEAVES, model, tenant, prompt_rev):
+            for leaf, bucket in unpack_leaves(packed):
+                if bucket >= since_bucket:
+                    requests[leaf] = requests.get(leaf, 0) + 1
+        return requests
 
     async def models(self, tenant: str | None) -> list[str]:
         """Models with replicas, and those with statistics of `tenant` (None: any tenant's)."""

@@ -346,7 +346,7 @@ async def _until_stopped(
 async def _summarise(dsn: str, top: int, out: TextIO) -> None:
     db = await asyncpg.connect(dsn)
     try:
-        leaves = await db.fetch("SELECT prefix_id, sum(requests) AS n FROM prefix_stats GROUP BY 1")
+        leaves = await db.fetch("SELECT prefix_id, sum(requests) AS n FROM prefix_requests GROUP BY 1")
         nodes = await db.fetch("SELECT prefix_id, parent_id, depth, tokens FROM prefix_nodes")
         requests = sum(row["n"] for row in leaves)
     finally:

@@ -12,11 +12,11 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from warmplane.services.planner.core.chains_read import ChainsNeeded
+from warmplane.services.planner.core.chains_read import ChainsNeeded, LeafCounts
 from warmplane.services.planner.plan_choice import HeldItem, LiveReplica, ModelStatistics
 from warmplane.services.planner.plans import Unplanned
 from warmplane.services.planner.policy.replica_plan import NodeKey
-from warmplane.shared.chain_nodes import unpack
+from warmplane.shared.chain_nodes import unpack, unpack_leaves
 from warmplane.shared.events import LIVE_REPLICA_STATES, ModelRef, PrefixPayload, WarmFinished, WarmPlanIssued
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ _plan = msgspec.json.Decoder(WarmPlanIssued)
 
 SCOPES_OF_MODEL = "SELECT scope_id FROM scopes WHERE model = $1"
 CHAINS_NEWEST_FIRST = """
-SELECT scope_id, nodes FROM prefix_chains WHERE scope_id = ANY($1::integer[]) ORDER BY written_at DESC
+SELECT scope_id, nodes, leaves FROM prefix_chains WHERE scope_id = ANY($1::integer[]) ORDER BY written_at DESC
 """
 LEAF_REQUESTS = """
 WITH recent AS (
@@ -41,7 +41,8 @@ FROM prefix_stats s JOIN recent USING (scope_id, prefix_id)
 WHERE s.bucket >= $2 AND s.requests > 0
 ORDER BY recent.latest DESC, recent.requests DESC, s.scope_id, s.prefix_id, s.bucket
 """
-"""The counts of the `$3` leaves most recently counted (all of them if NULL), most recent first."""
+"""The `prefix_stats` counts of the `$3` leaves most recently counted there (all of them if NULL), most
+recent first: the requests at leaves stored before their batch (the others are in `prefix_chains.leaves`)."""
 CATALOGUED = """
 SELECT c.scope_id, c.prefix_id FROM prefix_catalog c
 JOIN unnest($1::integer[], $2::bigint[]) AS k(scope_id, prefix_id) USING (scope_id, prefix_id)
@@ -141,11 +142,13 @@ class PgPlanStore:
         tenants and prompt revisions with traffic since), the prefixes on the counted leaves' chains, and
         which of those the catalogue can render.
 
-        With `max_nodes`, only the leaves most recently counted whose chains hold at most that many
-        prefixes together (`core.chains_read.bounded`): what a plan holds is then bounded by a setting,
-        not by the history. The chains are streamed, newest row first, and only the nodes on them kept
-        (`core.chains_read.ChainsNeeded`): a model's stored rows hold every node its traffic passed in
-        the detail retention. Plans are issued per replica start or fleet change, not per request.
+        The counts are `prefix_stats`'s and those the chain rows keep (`core.chains_read.LeafCounts`). With
+        `max_nodes`, only the leaves most recently counted whose chains hold at most that many prefixes
+        together (`core.chains_read.bounded`): what a plan holds is then bounded by a setting, not by the
+        history (up to `max_nodes` leaves from each of the two places are weighed). The chains are
+        streamed, newest row first, and only the nodes on them kept (`core.chains_read.ChainsNeeded`): a
+        model's stored rows hold every node its traffic passed in the detail retention. Plans are issued
+        per replica start or fleet change, not per request.
 
         With the store's `group_id`, one snapshot holds the read and the group's positions: which of the
         planner's committed batches the counts include (`kept_reads.py` absorbs the rest).
@@ -159,20 +162,14 @@ class PgPlanStore:
                 rows = await connection.fetch(GROUP_OFFSETS, self._group_id)
                 positions = {(topic, partition): offset for topic, partition, offset in rows}
             scopes = [row[0] for row in await connection.fetch(SCOPES_OF_MODEL, model)]
-            counts = [
-                (scope, leaf, bucket, requests)
-                for scope, leaf, bucket, requests in await connection.fetch(
-                    LEAF_REQUESTS, scopes, since_bucket, max_nodes
-                )
-            ]
-            counted = sorted({count[0] for count in counts})
-            if not counted:  # no scope, or none with traffic since
+            stored = await connection.fetch(LEAF_REQUESTS, scopes, since_bucket, max_nodes)
+            counted = LeafCounts(stored, since_bucket, max_nodes)
+            chains = await self._chains(connection, scopes, counted)
+            leaves = counted.leaves()  # most recent first
+            if not leaves:  # no scope, or none with traffic since
                 return ModelStatistics([], [], set(), positions)
-            leaves = list(dict.fromkeys((scope, leaf) for scope, leaf, _, _ in counts))  # most recent first
-            chains = await self._chains(connection, counted, leaves)
             prefixes, taken = chains.bounded(leaves, max_nodes)
-            if len(taken) < len(leaves):
-                counts = [count for count in counts if (count[0], count[1]) in taken]
+            counts = counted.counts([leaf for leaf in leaves if leaf in taken])
             catalogued = {
                 (s, p)
                 for s, p in await connection.fetch(
@@ -182,14 +179,16 @@ class PgPlanStore:
         return ModelStatistics(prefixes, counts, catalogued, positions)
 
     @staticmethod
-    async def _chains(
-        connection: asyncpg.Connection, scopes: list[int], leaves: list[NodeKey]
-    ) -> ChainsNeeded:
-        """The stored prefixes on the chains of `leaves` (module doc of `core.chains_read`)."""
-        needed = ChainsNeeded(leaves)
+    async def _chains(connection: asyncpg.Connection, scopes: list[int], counted: LeafCounts) -> ChainsNeeded:
+        """The stored prefixes on the chains of the leaves `counted` holds, and of those the rows count
+        (module doc of `core.chains_read`)."""
+        needed = ChainsNeeded(counted.leaves())
         rows = connection.cursor(CHAINS_NEWEST_FIRST, scopes, prefetch=_CHAIN_ROWS_PREFETCH)
-        async for scope, nodes in rows:
-            needed.take(scope, unpack(nodes))
+        async for scope, nodes, leaves in rows:
+            if leaves:
+                needed.want(scope, counted.take(scope, unpack_leaves(leaves)))
+            if needed.needs(scope):
+                needed.take(scope, unpack(nodes))
         return needed
 
     async def payloads(self, keys: Sequence[NodeKey]) -> dict[NodeKey, PrefixPayload]:

@@ -1,13 +1,14 @@
 """The planner's Postgres store for ingestion: one transaction per batch, Postgres sums the counters.
 
 The hot path speaks asyncpg directly: a batch's requests and misses are copied (binary COPY) one row
-per event into a temporary table, and one call of `warmplane_ingest_events` (migrations 0006, 0009, 0016)
-sums them per key (and a request's per replica) and applies them with the offsets, the ledger, the
-batch's new chain nodes (one packed value a scope: `shared/chain_nodes.py`) and the catalog
-(bench/ingest_bench.py measures it; bench/batch_write_bench.py splits a batch's cost by part). A batch's
-counts, its partitions' next offsets and its ledger of event ids commit in one transaction, so a crash
-anywhere leaves either all of a batch or none of it, and the consumer resumes exactly after the last
-batch that committed.
+per event into a temporary table, and one call of `warmplane_ingest_events` (migrations 0006, 0009,
+0016, 0017) sums them per key (and a request's per replica; a request at a leaf its own batch adds is
+kept in that leaf's chain row instead) and applies them with the offsets, the ledger, the batch's new
+chain nodes (one packed value a scope: `shared/chain_nodes.py`) and the catalog (bench/ingest_bench.py
+measures it; bench/batch_write_bench.py splits a batch's cost by part). A batch's counts, its
+partitions' next offsets and its ledger of event ids commit in one transaction, so a crash anywhere
+leaves either all of a batch or none of it, and the consumer resumes exactly after the last batch that
+committed.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ _json = msgspec.json.Encoder()
 log = logging.getLogger(__name__)
 
 INGEST_EVENTS = "SELECT warmplane_ingest_events(" + ", ".join(f"${n}" for n in range(1, 16)) + ")"
-"""Offsets (fenced), ledger, the staged counts, new chain nodes and catalog (migrations 0006, 0009, 0016)."""
+"""Offsets (fenced), ledger, the staged counts, new chain nodes and catalog (its latest: migration 0017)."""
 STAGED_COUNTS = "warmplane_batch_counts"
 STAGE_COUNTS = f"""
 CREATE TEMP TABLE IF NOT EXISTS {STAGED_COUNTS} (
@@ -51,13 +52,15 @@ CREATE TEMP TABLE IF NOT EXISTS {STAGED_COUNTS} (
     tokens    integer NOT NULL,
     cached    integer,
     ttft      double precision,
-    replica   text
+    replica   text,
+    added     boolean NOT NULL
 ) ON COMMIT DELETE ROWS
 """
 """A batch's requests and misses, one row each, for `warmplane_ingest_events` to sum: in this session
 only, emptied at every commit. `at` is occurred_at in Unix seconds; `tokens` a request's prompt tokens
-or a miss's missed tokens; `cached`, `ttft` and `replica` (the one that served it) are a request's."""
-_STAGED_COLUMNS = ("miss", "scope_id", "prefix_id", "at", "tokens", "cached", "ttft", "replica")
+or a miss's missed tokens; `cached`, `ttft`, `replica` (the one that served it) and `added` (its leaf is a
+node the batch adds: `RequestColumns.leaf_added`) are a request's."""
+_STAGED_COLUMNS = ("miss", "scope_id", "prefix_id", "at", "tokens", "cached", "ttft", "replica", "added")
 FENCED_SQLSTATE = "WP001"
 _DEADLOCK_RETRIES = 3
 STORED_OFFSETS = """
@@ -215,6 +218,7 @@ class PgIngestStore:
                 requests.cached_tokens,
                 requests.ttft_ms,
                 requests.replicas,
+                requests.leaf_added,
             ),
             zip(
                 repeat(True),
@@ -225,6 +229,7 @@ class PgIngestStore:
                 repeat(None),
                 repeat(None),
                 repeat(None),
+                repeat(False),
             ),
         )
         await connection.copy_records_to_table(STAGED_COUNTS, records=rows, columns=_STAGED_COLUMNS)

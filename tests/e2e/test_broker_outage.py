@@ -179,7 +179,7 @@ async def fetch(dsn: str, query: str, *args: Any) -> list[Any]:
 
 async def requests_counted(dsn: str) -> int:
     """Requests the planner's statistics hold (one per `request.observed` event, at its leaf prefix)."""
-    [total] = await fetch(dsn, "SELECT coalesce(sum(requests), 0) FROM prefix_stats")
+    [total] = await fetch(dsn, "SELECT coalesce(sum(requests), 0) FROM prefix_requests")
     return int(total)
 
 

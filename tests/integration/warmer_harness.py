@@ -108,7 +108,7 @@ async def counted(dsn: str, expected: int) -> bool:
     """Whether the planner's statistics count `expected` requests in all."""
     db = await asyncpg.connect(dsn)
     try:
-        total = await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_stats")
+        total = await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_requests")
     finally:
         await db.close()
     return bool(total == expected)

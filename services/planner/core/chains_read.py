@@ -15,6 +15,11 @@ row's word stands, as the `prefix_nodes` view has it.
 `ChainsNeeded.bounded` then keeps the leaves most recently counted whose chains fit in `max_nodes`
 together: what the planner holds for a plan is bounded by a setting (`PlanSettings.max_nodes`), not by the
 history.
+
+The counts themselves are kept in two places (migration 0017): `prefix_stats` sums the requests at leaves
+stored before their batch, and a chain row's `leaves` lists the requests at leaves that row adds (chat: a
+turn's new leaf). `LeafCounts` adds the two: the first read whole, the second met row by row as the chains
+stream, each such leaf wanted before its own row is taken (it is a node of that row).
 """
 
 from __future__ import annotations
@@ -38,6 +43,16 @@ class ChainsNeeded:
         for scope, prefix in leaves:
             self._wanted.setdefault(scope, set()).add(prefix)
             self._found.setdefault(scope, {})
+
+    def want(self, scope: int, leaves: Iterable[int]) -> None:
+        """Need the chains of `leaves` too: leaves counted in the row about to be taken (they are its nodes,
+        and their ancestors are in it or in older rows)."""
+        found = self._found.setdefault(scope, {})
+        self._wanted.setdefault(scope, set()).update(leaf for leaf in leaves if leaf not in found)
+
+    def needs(self, scope: int) -> bool:
+        """Whether some leaf of `scope` was wanted: rows of other scopes need not be unpacked."""
+        return scope in self._wanted
 
     def take(self, scope: int, nodes: ChainNodes) -> None:
         """One stored row of `scope`'s chains (`shared/chain_nodes.py`): keeps each node some counted leaf's
@@ -103,3 +118,54 @@ class ChainsNeeded:
             kept.update(((scope, node.prefix_id), node) for node in chain)
             taken.add(leaf)
         return [(key[0], prefix) for key, prefix in kept.items()], taken
+
+
+class LeafCounts:
+    """A plan's requests per (scope, leaf, bucket) from `since_bucket` on, added from both places they are
+    kept (module doc): `stored`, the `prefix_stats` rows read first (their SQL already bounds them to the
+    most recently counted leaves), then each chain row's counted leaves as the rows stream newest first
+    (`take`). Of leaves met only in rows, at most `max_leaves` (None: all) are kept: the newest rows'."""
+
+    def __init__(
+        self, stored: Iterable[tuple[int, int, int, int]], since_bucket: int, max_leaves: int | None
+    ) -> None:
+        self._since = since_bucket
+        self._room = max_leaves
+        self._by_leaf: dict[NodeKey, dict[int, int]] = {}
+        for scope, leaf, bucket, requests in stored:
+            buckets = self._by_leaf.setdefault((scope, leaf), {})
+            buckets[bucket] = buckets.get(bucket, 0) + requests
+
+    def take(self, scope: int, entries: Iterable[tuple[int, int]]) -> list[int]:
+        """Count a row's (leaf, bucket) entries, one a request; the leaves met here first, in order."""
+        by_leaf, since, new = self._by_leaf, self._since, []
+        for leaf, bucket in entries:
+            if bucket < since:
+                continue
+            buckets = by_leaf.get((scope, leaf))
+            if buckets is None:
+                if self._room is not None:
+                    if self._room == 0:
+                        continue
+                    self._room -= 1
+                buckets = by_leaf[(scope, leaf)] = {}
+                new.append(leaf)
+            buckets[bucket] = buckets.get(bucket, 0) + 1
+        return new
+
+    def leaves(self) -> list[NodeKey]:
+        """Every leaf counted, most recently counted first: by its latest bucket, then by its requests,
+        then by (scope, leaf), as the SQL of the stored counts orders them."""
+        return sorted(
+            self._by_leaf,
+            key=lambda key: (-max(self._by_leaf[key]), -sum(self._by_leaf[key].values()), key),
+        )
+
+    def counts(self, leaves: Sequence[NodeKey]) -> list[tuple[int, int, int, int]]:
+        """(scope, leaf, bucket, requests) of `leaves`, in their order, each leaf's buckets in order."""
+        by_leaf = self._by_leaf
+        return [
+            (scope, leaf, bucket, requests)
+            for scope, leaf in leaves
+            for bucket, requests in sorted(by_leaf[(scope, leaf)].items())
+        ]

@@ -51,8 +51,10 @@ class RequestColumns:
     """The batch's requests, one entry per request in every list, in batch order.
 
     `seconds` is `occurred_at` in Unix seconds (the store buckets it); `ttft_ms` is None where the
-    request reported none; `replicas` names the replica that served each. Summed per (scope, leaf,
-    bucket) and per (replica, scope, bucket) by Postgres.
+    request reported none; `replicas` names the replica that served each; `leaf_added` whether the
+    request's leaf is a node this batch's `chains` add (not known stored before it). Summed per
+    (replica, scope, bucket) by Postgres, and per (scope, leaf, bucket) where the leaf is not added
+    (an added leaf's requests are kept with its chain row: migration 0017).
     """
 
     scopes: list[Scope] = field(default_factory=list)
@@ -62,6 +64,7 @@ class RequestColumns:
     prompt_tokens: list[int] = field(default_factory=list)
     cached_tokens: list[int] = field(default_factory=list)
     ttft_ms: list[float | None] = field(default_factory=list)
+    leaf_added: list[bool] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -224,6 +227,10 @@ def _fold_requests(batch: IngestBatch, events: list[RequestObserved], stored: St
         new.update(fresh)
     for scope in [scope for scope, new in new_nodes.items() if not new]:
         del new_nodes[scope]
+    # A leaf not known stored was added by its own request or an earlier one of the batch.
+    columns.leaf_added = [
+        leaf in new_nodes.get(scope, _NONE_STORED) for scope, leaf in zip(scopes, leaves, strict=True)
+    ]
     payloads = [e.payload for e in events]
     if payloads.count(None) < len(payloads):
         for event, scope, payload in zip(events, scopes, payloads, strict=True):

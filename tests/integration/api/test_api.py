@@ -126,7 +126,7 @@ async def world(embedded_kafka: EmbeddedKafka, embedded_postgres: EmbeddedPostgr
                 await produce(settings.kafka, events)
 
                 async def ingested() -> bool:
-                    requests = await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_stats")
+                    requests = await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_requests")
                     misses = await db.fetchval("SELECT coalesce(sum(misses), 0) FROM miss_stats")
                     return bool(requests == 16 and misses == 9)
 
@@ -344,9 +344,13 @@ async def test_traffic_counts_a_request_once_before_and_after_its_detail_is_summ
     cut = int((datetime.now(UTC) - OLD_AGE / 2).timestamp()) // bucket_s
     pool = await asyncpg.create_pool(world.dsn, min_size=1, max_size=1)
     try:  # the planner's sweep, with a detail cut between the request of 3 hours ago and the others
+        # That request's leaf was new to its batch: its sums went straight to scope_traffic (migration
+        # 0017). Whatever prefix_stats holds before the cut moves there too, and nothing is counted twice.
+        detail = "SELECT count(*) FROM prefix_stats WHERE bucket < $1"
+        older = await pool.fetchval(detail, cut)
         moved, _ = await sweep_statistics(pool, detail_before_bucket=cut, before_bucket=0)
-        assert moved == 1
-        assert await pool.fetchval("SELECT count(*) FROM prefix_stats WHERE bucket < $1", cut) == 0
+        assert moved == older
+        assert await pool.fetchval(detail, cut) == 0
     finally:
         await pool.close()
     after = (await _get(world, "/v1/traffic", ADMIN, window_s=OLD_WINDOW_S, step_s=3600)).json()

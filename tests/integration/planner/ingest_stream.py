@@ -18,7 +18,13 @@ from warmplane.shared.events import Event, RequestObserved
 from warmplane.shared.topics import Topics
 
 TENANTS = ("acme", "globex", "initech")
-COUNTED = "SELECT coalesce(sum(requests), 0) FROM prefix_stats"
+COUNTED = "SELECT coalesce(sum(requests), 0) FROM prefix_requests"
+SUMMED = (
+    "SELECT (SELECT coalesce(sum({0}), 0) FROM prefix_stats)"
+    " + (SELECT coalesce(sum({0}), 0) FROM scope_traffic)"
+)
+"""A request sum over every request: each is in `prefix_stats` or, at a leaf its batch added, in
+`scope_traffic` (migration 0017)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +101,7 @@ async def assert_counted_once(db: asyncpg.Connection, stream: Stream) -> None:
     """Per (tenant, leaf), per (replica, tenant), the ledger and the tokens: each event exactly once."""
     rows = await db.fetch(
         "SELECT s.tenant, p.prefix_id, sum(p.requests) AS n"
-        " FROM prefix_stats p JOIN scopes s USING (scope_id) GROUP BY 1, 2"
+        " FROM prefix_requests p JOIN scopes s USING (scope_id) GROUP BY 1, 2"
     )
     assert Counter({(r["tenant"], r["prefix_id"]): r["n"] for r in rows}) == stream.by_leaf
     # Written in the same transaction as the counts above: exact per replica as well.
@@ -105,5 +111,5 @@ async def assert_counted_once(db: asyncpg.Connection, stream: Stream) -> None:
     )
     assert Counter({(r["replica"], r["tenant"]): r["n"] for r in rows}) == stream.by_replica
     assert await db.fetchval("SELECT sum(length(event_ids)) / 16 FROM ingest_ledger") == stream.total
-    tokens = await db.fetchval("SELECT sum(prompt_tokens) FROM prefix_stats")
+    tokens = await db.fetchval(SUMMED.format("prompt_tokens"))
     assert tokens == stream.total * 201  # every request here has 200 chain tokens + 1

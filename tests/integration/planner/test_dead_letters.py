@@ -34,7 +34,7 @@ from warmplane.shared.topics import DeadLetterHeaders, Topics, partition_key
 MAX_EVENT_BYTES = 4096
 MAX_PAYLOAD_BYTES = 512
 _TIMEOUT_S = 20.0
-TOTAL_REQUESTS = "SELECT coalesce(sum(requests), 0) FROM prefix_stats"
+TOTAL_REQUESTS = "SELECT coalesce(sum(requests), 0) FROM prefix_requests"
 Source = tuple[str, int, int]
 """(topic, partition, offset) of a produced record."""
 

@@ -49,7 +49,7 @@ async def test_a_start_after_new_traffic_is_planned_from_the_kept_read_as_a_read
     first, later = traffic(), later_traffic()
     await produce(kafka, first)
     pool = await asyncpg.create_pool(settings.postgres.asyncpg_dsn(), min_size=1, max_size=2)
-    total = "SELECT coalesce(sum(requests), 0) FROM prefix_stats"
+    total = "SELECT coalesce(sum(requests), 0) FROM prefix_requests"
     try:
         async with running_planner(settings) as planner:
             await poll_until(lambda: _equals(pool, total, len(first)), timeout_s=_TIMEOUT_S, what="traffic")

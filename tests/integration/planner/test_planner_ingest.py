@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import msgspec
 
+from tests.integration.planner.ingest_stream import SUMMED
 from tests.integration.planner_harness import MODEL, poll_until, produce, request
 from warmplane.services.planner.app import running_planner
 from warmplane.services.planner.settings import PlannerSettings
@@ -75,7 +76,7 @@ async def test_counts_each_event_once_and_records_the_fleet(planner_settings: Pl
 
             async def all_counted() -> bool:
                 changes = await db.fetchval("SELECT count(*) FROM fleet_changes")
-                total = await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_stats")
+                total = await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_requests")
                 return bool(changes == 1 and total == sum(expected.values()))
 
             await poll_until(all_counted, timeout_s=30, what="every request counted")
@@ -83,11 +84,12 @@ async def test_counts_each_event_once_and_records_the_fleet(planner_settings: Pl
 
         rows = await db.fetch(
             "SELECT s.tenant, p.prefix_id, sum(p.requests) AS n"
-            " FROM prefix_stats p JOIN scopes s USING (scope_id) GROUP BY 1, 2"
+            " FROM prefix_requests p JOIN scopes s USING (scope_id) GROUP BY 1, 2"
         )
         assert Counter({(r["tenant"], r["prefix_id"]): r["n"] for r in rows}) == expected
         cold = sum(1 for e in requests.values() if e.cached_tokens == 0)
-        assert await db.fetchval("SELECT sum(cold_requests) FROM prefix_stats") == cold
+        # A request's sums are in prefix_stats or, at a leaf its batch added, in scope_traffic (0017).
+        assert await db.fetchval(SUMMED.format("cold_requests")) == cold
         # The same requests, once each, per replica (the duplicate's copies not among them).
         by_replica = await db.fetch(
             "SELECT replica, sum(requests) AS n, sum(cold_requests) AS cold, sum(cached_tokens) AS cached"
@@ -127,10 +129,10 @@ async def test_a_replayed_stream_changes_nothing(planner_settings: PlannerSettin
     await produce(planner_settings.kafka, events)
     db = await asyncpg.connect(planner_settings.postgres.asyncpg_dsn())
     try:
-        total = "SELECT coalesce(sum(requests), 0) FROM prefix_stats"
+        total = "SELECT coalesce(sum(requests), 0) FROM prefix_requests"
         async with running_planner(planner_settings):
             await poll_until(lambda: _equals(db, total, 200), timeout_s=30, what="200 requests counted")
-        before = await db.fetch("SELECT * FROM prefix_stats ORDER BY prefix_id, bucket")
+        before = await db.fetch("SELECT * FROM prefix_requests ORDER BY prefix_id, bucket")
         replicas_before = await db.fetch("SELECT * FROM replica_stats ORDER BY replica, bucket, scope_id")
         assert sum(row["requests"] for row in replicas_before) == 200
 
@@ -146,7 +148,9 @@ async def test_a_replayed_stream_changes_nothing(planner_settings: PlannerSettin
             # At least the 200 copies were skipped; under load a rebalance may also re-read a few of the
             # originals before the restored positions apply, and those are skipped alike. What counts is
             # below: the aggregates did not move.
-        after = await db.fetch("SELECT * FROM prefix_stats WHERE prefix_id <> 80 ORDER BY prefix_id, bucket")
+        after = await db.fetch(
+            "SELECT * FROM prefix_requests WHERE prefix_id <> 80 ORDER BY prefix_id, bucket"
+        )
         assert after == before
         replicas_after = await db.fetch(
             "SELECT * FROM replica_stats WHERE replica <> 'marker' ORDER BY replica, bucket, scope_id"

@@ -88,7 +88,7 @@ async def test_a_starting_replica_gets_one_plan_of_the_most_requested_prefixes(
     await produce(kafka, events)
     db = await asyncpg.connect(settings.postgres.asyncpg_dsn())
     try:
-        total = "SELECT coalesce(sum(requests), 0) FROM prefix_stats"
+        total = "SELECT coalesce(sum(requests), 0) FROM prefix_requests"
         async with running_planner(settings) as planner:
             # Popularity first: the lifecycle topic is read independently of the requests topic.
             await poll_until(lambda: _equals(db, total, len(events)), timeout_s=_TIMEOUT_S, what="traffic")

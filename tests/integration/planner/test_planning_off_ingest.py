@@ -34,7 +34,7 @@ async def test_ingestion_commits_batches_while_a_plan_is_being_chosen(
     db = await asyncpg.connect(planner_settings.postgres.asyncpg_dsn())
 
     async def counted(requests: int) -> bool:
-        return bool(await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_stats") == requests)
+        return bool(await db.fetchval("SELECT coalesce(sum(requests), 0) FROM prefix_requests") == requests)
 
     try:
         async with running_planner(planner_settings) as planner:

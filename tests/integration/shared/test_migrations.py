@@ -178,6 +178,37 @@ async def test_0016_carries_the_stored_chains_over_and_back(empty_database: str)
         await db.close()
 
 
+async def test_0017_puts_the_leaves_counted_with_chains_back_into_prefix_stats(empty_database: str) -> None:
+    """At 0017 a leaf's requests are its `prefix_stats` rows plus its chain rows' entries; the downgrade moves
+    the entries into `prefix_stats` and as many requests out of `scope_traffic`: every total stays."""
+    requests = "SELECT scope_id, prefix_id, bucket, requests FROM prefix_requests ORDER BY 1, 2, 3"
+    traffic = "SELECT (SELECT sum(requests) FROM prefix_stats) + (SELECT sum(requests) FROM scope_traffic)"
+    entries = b"".join(
+        leaf.to_bytes(8, "big", signed=True) + bucket.to_bytes(8, "big", signed=True)
+        for leaf, bucket in [(3, 10), (3, 10), (-(2**63), 11), (2**63 - 1, 10)]
+    )
+    db = await asyncpg.connect(empty_database, timeout=_TIMEOUT_S)
+    try:
+        await migrate_to(empty_database, "0017")
+        await db.execute("INSERT INTO prefix_chains (scope_id, nodes, leaves) VALUES (1, '', $1)", entries)
+        await db.execute(
+            "INSERT INTO prefix_stats (scope_id, prefix_id, bucket, requests) VALUES (1, 3, 10, 5)"
+        )
+        await db.execute(
+            "INSERT INTO scope_traffic (scope_id, bucket, requests) VALUES (1, 10, 3), (1, 11, 1)"
+        )
+        counted = [tuple(row) for row in await db.fetch(requests)]
+        assert counted == [(1, -(2**63), 11, 1), (1, 3, 10, 7), (1, 2**63 - 1, 10, 1)]
+        assert await db.fetchval(traffic) == 9
+        await migrate_to(empty_database, "0016", down=True)
+        stats = "SELECT scope_id, prefix_id, bucket, requests FROM prefix_stats ORDER BY 1, 2, 3"
+        assert [tuple(row) for row in await db.fetch(stats)] == counted
+        assert await db.fetchval("SELECT sum(requests) FROM scope_traffic") == 0
+        assert await db.fetchval(traffic) == 9
+    finally:
+        await db.close()
+
+
 async def test_a_migrated_database_accepts_the_planner_rows(empty_database: str) -> None:
     """Smoke the constraints the store relies on: identity scope ids, upsert keys, the state check."""
     await migrate_to(empty_database, "head")
