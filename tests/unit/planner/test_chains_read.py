@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warmplane.services.planner.core.chains_read import ChainsNeeded
+from warmplane.services.planner.core.chains_read import ChainsNeeded, LeafCounts
 from warmplane.services.planner.policy import StoredPrefix
 from warmplane.shared.chain_nodes import NODE_BYTES, ChainNodes, unpack
 
@@ -142,3 +142,51 @@ def test_packed_nodes_come_back_as_they_were_added() -> None:
     assert len(nodes.pack()) == 3 * NODE_BYTES
     with pytest.raises(ValueError, match="not whole nodes"):
         unpack(nodes.pack()[:-1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), rows=st.integers(1, 40), since=st.integers(0, 3))
+def test_counts_kept_with_the_chains_add_up_with_the_stored_ones(seed: int, rows: int, since: int) -> None:
+    """Each run's leaf is counted in a few buckets, either in `prefix_stats` or in the row that adds it (a
+    request at a leaf its batch added): the read sums both, in the order one table would give, and keeps
+    the chains of every leaf counted since `since`."""
+    paths, nodes = stored_forest(seed, rows)
+    rng = random.Random(seed)
+    per_batch = 3
+    stats: list[tuple[int, int, int, int]] = []
+    in_rows: dict[int, dict[int, list[tuple[int, int]]]] = {}  # batch -> scope -> (leaf, bucket) a request
+    for at, (scope, _anchor, ids, _tokens) in enumerate(paths):
+        counted = [(rng.randint(0, 5), rng.randint(1, 3)) for _ in range(rng.randint(1, 3))]
+        if rng.random() < 0.5:
+            stats += [(scope, ids[-1], bucket, requests) for bucket, requests in counted]
+        else:
+            entries = in_rows.setdefault(at // per_batch, {}).setdefault(scope, [])
+            entries += [(ids[-1], bucket) for bucket, requests in counted for _ in range(requests)]
+    every = stats + [
+        (scope, leaf, bucket, 1)
+        for by_scope in in_rows.values()
+        for scope, entries in by_scope.items()
+        for leaf, bucket in entries
+    ]
+    whole = LeafCounts([c for c in every if c[2] >= since], since, None)
+
+    counted_split = LeafCounts([c for c in stats if c[2] >= since], since, None)
+    needed = ChainsNeeded(counted_split.leaves())
+    batches = [paths[at : at + per_batch] for at in range(0, len(paths), per_batch)]
+    for number in reversed(range(len(batches))):
+        for scope, chain_nodes in packed(*batches[number]).items():
+            needed.want(scope, counted_split.take(scope, in_rows.get(number, {}).get(scope, [])))
+            needed.take(scope, chain_nodes)
+
+    leaves = whole.leaves()
+    assert counted_split.leaves() == leaves
+    assert counted_split.counts(leaves) == whole.counts(leaves)
+    assert all(bucket >= since for _, _, bucket, _ in whole.counts(leaves))
+    assert needed.prefixes() == {key: nodes[key] for leaf in leaves for key in chain_of(nodes, leaf)}
+
+
+def test_leaves_met_in_rows_beyond_the_bound_are_left_out() -> None:
+    counted = LeafCounts([(1, 9, 5, 1)], 0, 2)
+    assert counted.take(1, [(7, 5), (8, 4), (9, 6), (10, 5), (7, 6)]) == [7, 8]
+    assert counted.leaves() == [(1, 7), (1, 9), (1, 8)]
+    assert counted.counts([(1, 7), (1, 9)]) == [(1, 7, 5, 1), (1, 7, 6, 1), (1, 9, 5, 1), (1, 9, 6, 1)]
