@@ -205,6 +205,8 @@ def _fold_requests(batch: IngestBatch, events: list[RequestObserved], stored: St
     columns.cached_tokens = [e.cached_tokens for e in events]
     columns.ttft_ms = [e.ttft_ms for e in events]
     new_nodes, chains = batch.new_nodes, batch.chains
+    columns.leaf_added = []
+    added = columns.leaf_added.append
     # In batch order: the first request to carry an unknown node records it, and later ones find it new.
     # Inline, and straight into the packed columns: a chat request adds about 15 nodes (fold_bench).
     for event, scope, leaf in zip(events, scopes, leaves, strict=True):
@@ -212,7 +214,11 @@ def _fold_requests(batch: IngestBatch, events: list[RequestObserved], stored: St
         new = new_nodes.get(scope)
         if new is None:
             new = new_nodes[scope] = set()
-        if leaf in known or leaf in new:
+        if leaf in known:
+            added(False)
+            continue
+        added(True)  # by an earlier request of the batch, or by this one, below
+        if leaf in new:
             continue
         # Walk from the leaf up: once a node is known to be stored (or added here), so are its ancestors.
         chain = event.chain
@@ -227,10 +233,6 @@ def _fold_requests(batch: IngestBatch, events: list[RequestObserved], stored: St
         new.update(fresh)
     for scope in [scope for scope, new in new_nodes.items() if not new]:
         del new_nodes[scope]
-    # A leaf not known stored was added by its own request or an earlier one of the batch.
-    columns.leaf_added = [
-        leaf in new_nodes.get(scope, _NONE_STORED) for scope, leaf in zip(scopes, leaves, strict=True)
-    ]
     payloads = [e.payload for e in events]
     if payloads.count(None) < len(payloads):
         for event, scope, payload in zip(events, scopes, payloads, strict=True):

@@ -192,6 +192,10 @@ def test_edges_have_right_parents_and_skip_stored_nodes_and_their_ancestors(
         (scope_of(e), p): (e.chain[d - 1] if d else None) for e in events for d, p in enumerate(e.chain)
     }
     assert all(edge.parent_id == parents[node] for node, edge in batch.edges().items())
+    # A request's leaf not known stored is one the batch adds: its count goes with the chain row (0017).
+    added = batch.requests.leaf_added
+    assert added == [(scope_of(e), e.chain[-1]) not in stored for e in events]
+    assert all(e.chain[-1] in batch.new_nodes[scope_of(e)] for e, a in zip(events, added, strict=True) if a)
 
 
 def test_edges_of_a_fresh_chain_run_from_its_root() -> None:
