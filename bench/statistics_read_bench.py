@@ -48,7 +48,7 @@ from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.pg_retention import sweep_counts
 from warmplane.services.planner.policy import LeafCount, trie_from_counts
 from warmplane.services.planner.settings import IngestSettings
-from warmplane.shared.chain_nodes import pack_runs
+from warmplane.shared.chain_nodes import pack_leaves, pack_runs
 from warmplane.shared.embedded import EmbeddedPostgres
 
 MODEL = "chat-model"
@@ -102,9 +102,10 @@ def chat_history(
     return paths, counts
 
 
-async def fill(dsn: str, paths: list[PathRow], counts: list[Count]) -> int:
-    """The history as ingestion stores it: counts per leaf and bucket, and the chains' new nodes a row per
-    minute of turns (a batch a minute, packed: `shared/chain_nodes.py`); the chain rows written."""
+async def fill(dsn: str, paths: list[PathRow]) -> int:
+    """The history as ingestion stores it: the chains' new nodes a row per minute of turns (a batch a
+    minute, packed: `shared/chain_nodes.py`), each row with the counts of the turns whose leaves it adds;
+    the chain rows written."""
     batches: dict[int, list[PathRow]] = {}
     for row in paths:
         batches.setdefault(int(row[5].timestamp()) // BUCKET_S, []).append(row)
@@ -114,18 +115,19 @@ async def fill(dsn: str, paths: list[PathRow], counts: list[Count]) -> int:
             "INSERT INTO scopes (tenant, model, prompt_rev) VALUES ('acme', $1, 'p1') RETURNING scope_id",
             MODEL,
         )
+        # Every turn ends at a leaf its batch adds: its count is kept in that row (migration 0017).
         await db.copy_records_to_table(
             "prefix_chains",
             records=[
-                (scope, rows[-1][5], pack_runs((row[1], row[2], row[3], row[4]) for row in rows))
+                (
+                    scope,
+                    rows[-1][5],
+                    pack_runs((row[1], row[2], row[3], row[4]) for row in rows),
+                    pack_leaves((row[0], int(row[5].timestamp()) // BUCKET_S) for row in rows),
+                )
                 for rows in batches.values()
             ],
-            columns=["scope_id", "written_at", "nodes"],
-        )
-        await db.copy_records_to_table(
-            "prefix_stats",
-            records=[(scope, leaf, bucket, 1) for leaf, bucket in counts],
-            columns=["scope_id", "prefix_id", "bucket", "requests"],
+            columns=["scope_id", "written_at", "nodes", "leaves"],
         )
         await db.execute("ANALYZE")
     finally:
@@ -213,7 +215,7 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
         for days in args.days:
             paths, counts = chat_history(days, args.turns_a_day, now)
             dsn = await fresh_database(postgres)
-            written = await fill(dsn, paths, counts)
+            written = await fill(dsn, paths)
             needed = needed_nodes(paths, counts, since_bucket)
             del paths, counts  # a planner does not hold the history: its objects would slow every collection
             gc.collect()

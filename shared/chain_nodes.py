@@ -73,6 +73,15 @@ def unpack(value: bytes) -> ChainNodes:
     return nodes
 
 
+def pack_leaves(entries: Iterable[tuple[int, int]]) -> bytes:
+    """(leaf id, bucket) a request, packed as `warmplane_ingest_events` packs them (for benches and tests:
+    the planner's batches leave the packing to SQL)."""
+    pairs = array("q", (number for entry in entries for number in entry))
+    if sys.byteorder == "little":
+        pairs.byteswap()
+    return pairs.tobytes()
+
+
 def unpack_leaves(value: bytes) -> Iterator[tuple[int, int]]:
     """(leaf id, bucket) of each request a stored `leaves` value counts; `ValueError` if its length is not
     a whole number of requests."""

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from warmplane.services.planner.core.chains_read import ChainsNeeded, LeafCounts
 from warmplane.services.planner.policy import StoredPrefix
-from warmplane.shared.chain_nodes import NODE_BYTES, ChainNodes, unpack
+from warmplane.shared.chain_nodes import (
+    LEAF_BYTES,
+    NODE_BYTES,
+    ChainNodes,
+    pack_leaves,
+    unpack,
+    unpack_leaves,
+)
 
 Row = tuple[int, int | None, list[int], list[int]]
 """(scope, anchor, ids, tokens): a run of new nodes, as a batch adds it."""
@@ -144,6 +151,17 @@ def test_packed_nodes_come_back_as_they_were_added() -> None:
         unpack(nodes.pack()[:-1])
 
 
+def test_packed_leaves_come_back_in_order() -> None:
+    entries = [(-(2**63), 0), (2**63 - 1, 29_406_960), (7, -1), (7, -1)]
+    packed = pack_leaves(entries)
+    assert len(packed) == 4 * LEAF_BYTES
+    assert packed[:16] == (-(2**63)).to_bytes(8, "big", signed=True) + bytes(8)  # big-endian, interleaved
+    assert list(unpack_leaves(packed)) == entries
+    assert list(unpack_leaves(b"")) == []
+    with pytest.raises(ValueError, match="not whole requests"):
+        unpack_leaves(packed[:-8])
+
+
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000), rows=st.integers(1, 40), since=st.integers(0, 3))
 def test_counts_kept_with_the_chains_add_up_with_the_stored_ones(seed: int, rows: int, since: int) -> None:
@@ -175,7 +193,8 @@ def test_counts_kept_with_the_chains_add_up_with_the_stored_ones(seed: int, rows
     batches = [paths[at : at + per_batch] for at in range(0, len(paths), per_batch)]
     for number in reversed(range(len(batches))):
         for scope, chain_nodes in packed(*batches[number]).items():
-            needed.want(scope, counted_split.take(scope, in_rows.get(number, {}).get(scope, [])))
+            stored = unpack_leaves(pack_leaves(in_rows.get(number, {}).get(scope, [])))  # as a row holds them
+            needed.want(scope, counted_split.take(scope, stored))
             needed.take(scope, chain_nodes)
 
     leaves = whole.leaves()
