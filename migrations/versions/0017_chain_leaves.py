@@ -5,9 +5,10 @@ Revises: 0016
 Create Date: 2026-12-07
 
 On chat traffic nearly every request ends at a leaf no earlier request reached, so `prefix_stats` took a
-row per request, through `ON CONFLICT` (four WAL records a row): half of Postgres's CPU for a chat batch
-(`python -m bench.batch_write_bench`; figures in bench/RESULTS.md). Now a request whose leaf is a node its
-own batch adds (the planner flags it: `added` in the staged rows) is counted twice over, cheaply:
+row per request, each an `ON CONFLICT` insert into the table and its key's B-tree: about half of
+Postgres's CPU for a chat batch (`python -m bench.batch_write_bench`; figures in bench/RESULTS.md). Now a
+request whose leaf is a node its own batch adds (the planner flags it: `added` in the staged rows) is kept
+in two cheap places instead:
 
 - its leaf and bucket go into `prefix_chains.leaves` of the row that stores that leaf (16 bytes a request:
   big-endian int8 prefix id, int8 bucket, interleaved), written by the batch's one function call;
