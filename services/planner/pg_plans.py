@@ -182,7 +182,7 @@ class PgPlanStore:
     async def _chains(connection: asyncpg.Connection, scopes: list[int], counted: LeafCounts) -> ChainsNeeded:
         """The stored prefixes on the chains of the leaves `counted` holds, and of those the rows count
         (module doc of `core.chains_read`)."""
-        needed = ChainsNeeded(counted.leaves())
+        needed = ChainsNeeded(counted)  # unordered: the read sorts the leaves once, after the stream
         rows = connection.cursor(CHAINS_NEWEST_FIRST, scopes, prefetch=_CHAIN_ROWS_PREFETCH)
         async for scope, nodes, leaves in rows:
             if leaves:

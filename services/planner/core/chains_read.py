@@ -24,7 +24,7 @@ stream, each such leaf wanted before its own row is taken (it is a node of that 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from warmplane.services.planner.policy import StoredPrefix
 from warmplane.services.planner.policy.replica_plan import NodeKey
@@ -135,6 +135,10 @@ class LeafCounts:
         for scope, leaf, bucket, requests in stored:
             buckets = self._by_leaf.setdefault((scope, leaf), {})
             buckets[bucket] = buckets.get(bucket, 0) + requests
+
+    def __iter__(self) -> Iterator[NodeKey]:
+        """The leaves counted so far, in no order (`leaves` sorts them)."""
+        return iter(self._by_leaf)
 
     def take(self, scope: int, entries: Iterable[tuple[int, int]]) -> list[int]:
         """Count a row's (leaf, bucket) entries, one a request; the leaves met here first, in order."""
