@@ -321,7 +321,8 @@ class Spent:
 
 
 @contextlib.asynccontextmanager
-async def planner_process(settings: PlannerSettings, log: Path) -> AsyncIterator[None]:
+async def planner_process(settings: PlannerSettings, log: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A planner process (`python -m warmplane.services.planner`) on `settings`, its log to `log`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WARMPLANE_")}
     env.update(settings_environment(settings))
     with log.open("ab") as out:
@@ -329,7 +330,7 @@ async def planner_process(settings: PlannerSettings, log: Path) -> AsyncIterator
             sys.executable, "-m", "warmplane.services.planner", env=env, stdout=subprocess.DEVNULL, stderr=out
         )
     try:
-        yield
+        yield child
     finally:
         child.terminate()
         await asyncio.wait_for(child.wait(), 60)

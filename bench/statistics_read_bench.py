@@ -24,6 +24,10 @@ tables again, bounded to `--max-nodes` chain nodes (`PlanSettings.max_nodes`). I
 rows returned, the seconds of each read and of the trie build and the most memory they held at once (the
 planner's for a plan), beside the nodes the trie needs (those on the chains of the leaves counted in the
 window): the read's excess is their ratio.
+
+Then, on the last history after the sweep, it starts the planner process itself on that database and an
+embedded broker and reads its resident memory through the plan of a start (`bench.planner_memory`; skip it
+with `--no-planner-memory`).
 """
 
 from __future__ import annotations
@@ -43,11 +47,12 @@ from pathlib import Path
 import asyncpg
 
 from bench.ingest_bench import fresh_database
+from bench.planner_memory import node_cache_bytes, planner_memory
 from bench.summary import SummaryRecorder, add_summary_option, parameters_of
 from warmplane.services.planner.pg_plans import PgPlanStore
 from warmplane.services.planner.pg_retention import sweep_counts
 from warmplane.services.planner.policy import LeafCount, trie_from_counts
-from warmplane.services.planner.settings import IngestSettings
+from warmplane.services.planner.settings import IngestSettings, PlanSettings
 from warmplane.shared.chain_nodes import pack_leaves, pack_runs
 from warmplane.shared.embedded import EmbeddedPostgres
 
@@ -277,6 +282,8 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
                 "nodes",
                 ("nodes the trie needs", needed),
             )
+        if args.planner_memory:
+            await whole_planner(dsn, Path(workdir), args, recorder)
     recorder.table(
         "Per history length, with every row kept and after the retention sweep: chain rows stored and kept,"
         " nodes the read returned and the trie needs, the medians of the read and the trie build, the most"
@@ -292,6 +299,50 @@ async def main(args: argparse.Namespace, recorder: SummaryRecorder) -> None:
     )
 
 
+async def whole_planner(dsn: str, workdir: Path, args: argparse.Namespace, recorder: SummaryRecorder) -> None:
+    """The planner process's memory on the last history, swept (`bench.planner_memory`): at its defaults,
+    whose read stops at the weight horizon (2 hours), and reading the whole 24-hour window as the reads
+    above do (a frequency half-life of 2 hours), unbounded and within `--max-nodes`; a full node cache's
+    beside them."""
+    days, whole = args.days[-1], PlanSettings(frequency_half_life_s=7200.0)
+    variants = {
+        "defaults (2-hour read)": PlanSettings(),
+        "24-hour read": whole.model_copy(update={"max_nodes": None}),
+        f"24-hour read, max_nodes {args.max_nodes:,}": whole.model_copy(update={"max_nodes": args.max_nodes}),
+    }
+    measured = await planner_memory(dsn, workdir, MODEL, list(variants.values()))
+    cache_size = IngestSettings().node_cache_size
+    cache = node_cache_bytes(cache_size)
+    mib = 2**20
+    print(f"planner process, {days} days of history (MiB): up, peak, after the plan")
+    rows = []
+    for label, memory in zip(variants, measured, strict=True):
+        rows.append([label, *(f"{value / mib:.0f}" for value in (memory.up, memory.peak, memory.after))])
+        print(f"  {label:<32} " + " ".join(f"{cell:>6}" for cell in rows[-1][1:]))
+        recorder.figure(
+            f"planner process's peak memory planning from {days} days of history, {label}",
+            memory.peak / mib,
+            "MiB",
+            ("the same planner after a plan without history", memory.up / mib),
+        )
+    print(f"  a full node cache ({cache_size:,} nodes): {cache / mib:.0f} MiB")
+    recorder.figure(f"a full node cache ({cache_size:,} nodes, node_cache_size)", cache / mib, "MiB", None)
+    recorder.table(
+        f"The planner process (`python -m warmplane.services.planner`) on the {days}-day history after the"
+        " sweep, in MiB: resident (/proc VmRSS) once it planned a start of a model with no history, its peak"
+        " (VmHWM) through the plan of a start of the history's model, and what stayed after it (the kept"
+        " read). At its defaults a read stops at the weight horizon; the 24-hour rows lengthen the"
+        " frequency half-life to 2 hours so that it reads what the reads above read.",
+        ["planner", "up", "peak", "after the plan"],
+        rows,
+    )
+    recorder.note(
+        "A planner that only plans holds an empty node cache; a full one's (tracemalloc: its sets and the"
+        " ids) adds to the peak under ingestion. Its other memory is the ingestion queues, bounded by"
+        " settings."
+    )
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -304,6 +355,12 @@ if __name__ == "__main__":
         type=int,
         default=50_000,
         help="the bound of the third read of each history (WARMPLANE_PLANS__MAX_NODES)",
+    )
+    parser.add_argument(
+        "--no-planner-memory",
+        dest="planner_memory",
+        action="store_false",
+        help="skip the planner process's memory on the last history (`bench.planner_memory`)",
     )
     add_summary_option(parser)
     args = parser.parse_args()
