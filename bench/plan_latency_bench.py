@@ -8,31 +8,30 @@ replicas announced at once, every plan within 2 s p99). Run:
 On the embedded broker and Postgres, one planner process (`python -m warmplane.services.planner`, as
 deployed). Its ingestion capacity is measured first: `--capacity-events` requests of the fleet shape
 (`bench.ingest_bench`, without its replica starts) published at once, counted from the first committed batch
-to the last (the group's stored offsets). Then, after one untimed start (its plan says both of the
-planner's consumers have joined their groups), `--starts` replicas of the traffic's model are announced one
-after another, each once the previous one's plan arrived (and then stopped, so the fleet stays one replica
-large), idle, then while this process publishes requests of that shape, encoded ahead and paced, at half that
-capacity (or at `--load-rate`; the starts are then spread over `--load-seconds`, so the load is steady
-however fast plans come; the capacity measured varies from run to run, a fixed rate compares runs and
-versions); between the two, `--burst` replicas are announced at once (a fleet scaling out by that many), each
-timed from the burst's sending, and then stopped. The loaded phase runs twice, side by side: first with a
-planner whose ingestion never yields to planning (`WARMPLANE_PLANS__INGEST_YIELD_S=0`), then, after a
-restart, with the planner's default (ingestion pauses while a plan someone waits for is made), so the later
-phase, over the larger tables, is the default's. "At the warmer" is a consumer of the plans topic, as a
-warmer's is (no engine: a plan's path ends where its warmer receives it); a start's latency runs from
-sending its `replica.started` to its plan's arrival. Where each phase's time went is read from the
-planner's own metrics (its endpoint, scraped around the phase): its batch writes, its planning task by
-trigger type, the time its ingestion paused and the events it counted. Every consumer fetches with a 20 ms
-wait: the embedded broker answers a fetch when its wait ends, where Kafka answers when a record arrives.
-The bench shares the machine with the planner, the broker and Postgres: its figures are of one run.
-"""
+to the last (the group's stored offsets). Then, after one untimed start (its plan says both of the planner's
+consumers have joined their groups), `--starts` replicas of the traffic's model are announced one after
+another, each once the previous one's plan arrived (and then stopped, so the fleet stays one replica large),
+idle, then while this process publishes requests of that shape, encoded and batched ahead and paced
+(`paced_batches`), at half that capacity (or at `--load-rate`; the starts are then spread over
+`--load-seconds`, so the load is steady however fast plans come; the capacity measured varies from run to run,
+a fixed rate compares runs and versions); between the two, `--burst` replicas are announced at once (a fleet
+scaling out by that many), each timed from the burst's sending, and then stopped. The loaded phase runs twice,
+side by side: first with a planner whose ingestion never yields to planning
+(`WARMPLANE_PLANS__INGEST_YIELD_S=0`), then, after a restart, with the planner's default (ingestion pauses
+while a plan someone waits for is made), so the later phase, over the larger tables, is the default's. "At the
+warmer" is a consumer of the plans topic, as a warmer's is (no engine: a plan's path ends where its warmer
+receives it); a start's latency runs from sending its `replica.started` to its plan's arrival. Where each
+phase's time went is read from the planner's own metrics (its endpoint, scraped around the phase): its batch
+writes, its planning task by trigger type, the time its ingestion paused and the events it counted. Every
+consumer fetches with a 20 ms wait: the embedded broker answers a fetch when its wait ends, where Kafka
+answers when a record arrives. The bench shares the machine with the planner, the broker and Postgres: its
+figures are of one run."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
-import itertools
 import os
 import subprocess
 import sys
@@ -67,6 +66,10 @@ from warmplane.shared.topics import Topics, partition_key
 
 _TICK_S = 0.05
 """The paced load sends a tick's share of events at a time."""
+_BATCH_BYTES = 256 * 1024
+"""The bench's record batches: a tick's records of a partition fit in one. At aiokafka's default (16 KiB)
+a tick took several batches a partition, and a partition's next batch waits until its last is sent: the
+load fell short of its pace by round trips."""
 _SENT = [0]
 """Events the paced load has sent."""
 
@@ -221,28 +224,46 @@ def encoded_load(kafka: KafkaSettings, count: int) -> list[tuple[int, bytes, byt
     return load
 
 
-async def paced_load(
-    kafka: KafkaSettings, producer: AIOKafkaProducer, load: list[tuple[int, bytes, bytes]], rate: float
-) -> None:
-    """Publish `load` at `rate` events a second, a tick's share in one batch a partition, until it is all sent
-    or this is cancelled; `_SENT[0]` says how many were sent."""
+Tick = tuple[int, list[tuple[int, Any]]]
+"""A tick of the paced load: the events sent once it is out, and its record batches by partition."""
+
+
+def paced_batches(
+    producer: AIOKafkaProducer, load: list[tuple[int, bytes, bytes]], rate: float
+) -> list[Tick]:
+    """`load` cut into ticks of `rate` events a second, each tick's records appended ahead into a batch a
+    partition (another where one fills). Appending a record costs the producer more than sending its batch
+    does: done while the load ran, the bench's own sending could not keep up with half a planner's capacity
+    on two cores. The records' timestamps are then when they were appended; nothing here reads them."""
+    ticks: list[Tick] = []
+    sent = 0
+    while sent < len(load):
+        due = min(len(load), int(rate * (len(ticks) + 1) * _TICK_S))
+        full: list[tuple[int, Any]] = []
+        open_batches: dict[int, Any] = {}
+        for partition, key, value in load[sent:due]:
+            batch = open_batches.get(partition)
+            if batch is None:
+                batch = open_batches[partition] = producer.create_batch()
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                full.append((partition, batch))
+                batch = open_batches[partition] = producer.create_batch()
+                batch.append(key=key, value=value, timestamp=None)
+        ticks.append((due, full + list(open_batches.items())))
+        sent = due
+    return ticks
+
+
+async def paced_load(kafka: KafkaSettings, producer: AIOKafkaProducer, ticks: list[Tick]) -> None:
+    """Publish `ticks` (`paced_batches`) one every `_TICK_S`, until they are all sent or this is cancelled;
+    `_SENT[0]` says how many events were sent."""
     topic = Topics(kafka.topic_prefix).requests
     began = time.perf_counter()
     _SENT[0] = 0
-    for tick in itertools.count(1):
-        due = min(len(load), int(rate * tick * _TICK_S))
-        batches: dict[int, Any] = {}
-        for partition, key, value in load[_SENT[0] : due]:
-            batch = batches.setdefault(partition, producer.create_batch())
-            if batch.append(key=key, value=value, timestamp=None) is None:
-                await producer.send_batch(batch, topic, partition=partition)
-                batch = batches[partition] = producer.create_batch()
-                batch.append(key=key, value=value, timestamp=None)
-        for partition, batch in batches.items():
+    for tick, (due, batches) in enumerate(ticks, 1):
+        for partition, batch in batches:
             await producer.send_batch(batch, topic, partition=partition)
         _SENT[0] = due
-        if due == len(load):
-            return
         await asyncio.sleep(max(0.0, began + tick * _TICK_S - time.perf_counter()))
 
 
@@ -353,8 +374,8 @@ async def loaded_phase(
 ) -> Loaded:
     """Starts announced one after another while requests are paced at `rate` events/s, spread over the
     load's length: a plan that comes quickly does not end the phase before the load is steady."""
-    pool = encoded_load(kafka, int(rate * args.load_seconds))
-    load = asyncio.create_task(paced_load(kafka, producer, pool, rate))
+    ticks = paced_batches(producer, encoded_load(kafka, int(rate * args.load_seconds)), rate)
+    load = asyncio.create_task(paced_load(kafka, producer, ticks))
     began = time.perf_counter()
     try:
         await asyncio.sleep(_LOAD_LEAD_S)  # the load under way
@@ -415,7 +436,9 @@ async def bench(args: argparse.Namespace, workdir: Path, recorder: SummaryRecord
         metrics = f"http://127.0.0.1:{settings.metrics_port}/metrics"
         await ensure_topics(kafka, Topics(kafka.topic_prefix).all())
         db = await asyncpg.connect(postgres.asyncpg_dsn)
-        producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=2)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=2, max_batch_size=_BATCH_BYTES
+        )
         await producer.start()
         warmer, heard = plans_at_the_warmer(kafka), starts_heard(kafka)
         loaded: dict[str, Loaded] = {}
