@@ -18,6 +18,11 @@ than `ABSORB_MAX_KEYS` counts waiting mean a read, as with several planners coun
 grown past `max_nodes` by absorbing (a read takes the most recent leaves within it), and the least recently
 used kept reads go while together they hold more than that: what is kept is bounded by the setting.
 
+**Refreshed ahead.** An absorbing read serves for `statistics_live_s`, then goes (a fresh read drops what
+fell past the weight horizon). So that the plan after that does not pay the read, one in the last quarter of
+its life is read again while the planning task is free (`refresh_due`, at `absorb_waiting`'s turn): a start
+then waits for a read only if it comes while one runs.
+
 One kept read serves at a time (`WarmSetChooser` chooses under a lock): absorbing changes its trie in a
 worker thread.
 """
@@ -42,6 +47,8 @@ Key = tuple[str, str | None]
 Partition = tuple[str, int]
 KEPT_READS = 16
 """Reads kept at most, the least recently used let go first."""
+REFRESH_AFTER = 0.75
+"""Of `statistics_live_s`: an absorbing read this old is read again while planning is free (module doc)."""
 ABSORB_MAX_KEYS = 500_000
 """Counts of committed batches held for kept reads to absorb, in (scope, leaf, bucket) keys; past it the
 oldest go, and a kept read that had not absorbed them reads again (a fresh read then costs less than
@@ -140,6 +147,12 @@ class KeptReads:
             kept = self._kept.get(key)
             if kept is not None and key in self._absorbed:
                 await self._absorb(key, kept, now)
+
+    def refresh_due(self, now: datetime) -> list[Key]:
+        """The absorbing kept reads past `REFRESH_AFTER` of their `statistics_live_s` at `now`: read them
+        again before a plan has to (module doc)."""
+        since = now - timedelta(seconds=self._settings.statistics_live_s * REFRESH_AFTER)
+        return [key for key, read in self._kept.items() if key in self._absorbed and read.read_at <= since]
 
     def peek(self, key: Key) -> KeptRead | None:
         """`key`'s kept read as it stands, whatever its age (for inspection)."""

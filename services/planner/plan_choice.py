@@ -172,9 +172,12 @@ class WarmSetChooser:
 
     async def absorb_committed(self) -> None:
         """Kept reads absorb what was committed since they last did (`KeptReads.absorb_waiting`), between
-        choices."""
+        choices; those near the end of their life are read again (`KeptReads.refresh_due`)."""
         async with self._choosing:
-            await self._kept.absorb_waiting(self._clock())
+            now = self._clock()
+            await self._kept.absorb_waiting(now)
+            for model, tenant in self._kept.refresh_due(now):
+                await self._statistics(model, tenant, now, read_after=None, fresh=True)
 
     async def choose(
         self,
@@ -266,7 +269,7 @@ class WarmSetChooser:
         return _ModelView(known, epochs, live)
 
     async def _statistics(
-        self, model: str, tenant: str | None, now: datetime, *, read_after: float | None
+        self, model: str, tenant: str | None, now: datetime, *, read_after: float | None, fresh: bool = False
     ) -> KeptRead:
         """The trie of `model`'s counts (of `tenant`'s scopes, if given) and what goes with it, read now,
         or with `read_after` one begun after it and at most `statistics_max_age_s` ago: replicas planned
@@ -274,9 +277,10 @@ class WarmSetChooser:
         trie is decayed to `now` when asked; only counts younger than it are not in it, and those are
         younger than `read_after`; while this planner counts alone, a kept read absorbs its commits and
         serves for `statistics_live_s` (`kept_reads.py`). Every read is kept for the next. The trie is
-        built in a worker thread: ingestion, on the event loop, goes on meanwhile."""
+        built in a worker thread: ingestion, on the event loop, goes on meanwhile. `fresh` reads whatever is
+        kept (a refresh)."""
         key = (model, tenant)
-        kept = await self._kept.serving(key, now, read_after)
+        kept = None if fresh else await self._kept.serving(key, now, read_after)
         if kept is not None:
             return kept
         horizon = weight_horizon_s(self._settings.half_life_s, self._settings.frequency_half_life_s)

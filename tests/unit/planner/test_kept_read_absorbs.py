@@ -364,3 +364,30 @@ def test_kept_reads_hold_at_most_max_nodes_together_beside_the_newest() -> None:
         if key == ("m", "acme"):
             assert held == [("m", None), ("m", "acme")], "five nodes together: both kept"
     assert held == [("m", "globex")], "the newest stays, over the bound alone; the others go"
+
+
+def test_an_absorbing_read_near_the_end_of_its_life_is_read_again_while_planning_is_free() -> None:
+    """A plan after an absorbing read's `statistics_live_s` would read; one refreshed in its last quarter
+    (`kept_reads.REFRESH_AFTER`) between plans serves it instead."""
+    store = three_tenants()
+    store.positions = {TOPIC: 10}
+    clock = [NOW]
+    metrics = PlannerMetrics(CollectorRegistry())
+    run = issuer(store, Published(), metrics, clock, statistics_max_age_s=0, statistics_live_s=60)
+    run.counting_alone(True)
+    store.live = [live("a", "starting"), live("b", "starting")]
+    asyncio.run(run.issue(started("a")))
+    batch = hot_six()
+    run.counts_committed(batch, commit(store, batch, 11))
+    clock[0] = NOW + timedelta(seconds=44)  # not yet due: absorbing only
+    asyncio.run(run.absorb_committed())
+    assert len(store.asked) == 1
+    run.counts_committed(batch, commit(store, batch, 12))
+    clock[0] = NOW + timedelta(seconds=46)
+    asyncio.run(run.absorb_committed())
+    assert len(store.asked) == 2  # read again, between plans
+    clock[0] = NOW + timedelta(seconds=70)  # past the first read's life, within the second's
+    plan = asyncio.run(run.issue(started("b"), committed_at=time.monotonic()))
+    assert len(store.asked) == 2
+    assert metrics.registry.get_sample_value("warmplane_planner_statistics_reads_total", {"how": "absorbed"})
+    assert plan is not None and 6 in {item.prefix_id for item in plan.items}
