@@ -276,6 +276,7 @@ async def _running(settings: PlannerSettings, topics: Topics, parts: PlannerPart
         parts.ingestor.start()
         parts.planning.start()
         stack.push_async_callback(parts.planning.drain, 0)  # cancelled, if the lifespan did not drain it
+        stack.push_async_callback(parts.issuer.close)  # reads made again ahead of plans, before the pool goes
         sweeper = asyncio.create_task(_sweep_forever(parts.store, pool, settings), name="planner-retention")
         stack.push_async_callback(_cancel, sweeper)
         catcher = asyncio.create_task(

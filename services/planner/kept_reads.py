@@ -20,8 +20,10 @@ used kept reads go while together they hold more than that: what is kept is boun
 
 **Refreshed ahead.** An absorbing read serves for `statistics_live_s`, then goes (a fresh read drops what
 fell past the weight horizon). So that the plan after that does not pay the read, one in the last quarter of
-its life is read again while the planning task is free (`refresh_due`, at `absorb_waiting`'s turn): a start
-then waits for a read only if it comes while one runs.
+its life is read again (`refresh_due`, at `absorb_waiting`'s turn). So is a read begun before this planner
+counted alone (a planner that just started reads for its first start before its requests consumer is
+assigned): read now, it would absorb. The chooser makes these reads off the planning task, and a plan
+meanwhile takes the read being replaced (`WarmSetChooser.absorb_committed`).
 
 One kept read serves at a time (`WarmSetChooser` chooses under a lock): absorbing changes its trie in a
 worker thread.
@@ -128,10 +130,13 @@ class KeptReads:
 
     def counts_committed(self, batch: IngestBatch, positions: Mapping[Partition, int]) -> bool:
         """`batch` committed, its partitions counted up to `positions` (next offsets): a kept read absorbs
-        it when it is next used, or at `absorb_waiting`. Held, and True, only while some kept read absorbs
-        or a read is under way."""
-        if self._alone_since is None or not batch.requests.leaves or not (self._absorbed or self._reading):
+        it when it is next used, or at `absorb_waiting`. Held only while some kept read absorbs or a read is
+        under way. True when the kept reads have work for the planning task: absorbing it, or a read begun
+        before this planner counted alone to make again (`refresh_due`)."""
+        if self._alone_since is None or not batch.requests.leaves:
             return False
+        if not (self._absorbed or self._reading):
+            return bool(self._read_before_alone())
         self._seq += 1
         counts = CommittedCounts.of(batch, self._bucket_seconds)
         self._committed.append(_Committed(self._seq, counts, dict(positions)))
@@ -149,10 +154,19 @@ class KeptReads:
                 await self._absorb(key, kept, now)
 
     def refresh_due(self, now: datetime) -> list[Key]:
-        """The absorbing kept reads past `REFRESH_AFTER` of their `statistics_live_s` at `now`: read them
-        again before a plan has to (module doc)."""
+        """The kept reads to read again before a plan has to (module doc): the absorbing ones past
+        `REFRESH_AFTER` of their `statistics_live_s` at `now`, then those begun before this planner counted
+        alone. A read made again begins after it, and is not due again until it ages."""
         since = now - timedelta(seconds=self._settings.statistics_live_s * REFRESH_AFTER)
-        return [key for key, read in self._kept.items() if key in self._absorbed and read.read_at <= since]
+        aging = [key for key, read in self._kept.items() if key in self._absorbed and read.read_at <= since]
+        return aging + self._read_before_alone()
+
+    def _read_before_alone(self) -> list[Key]:
+        """The kept reads that do not absorb because they began before this planner counted alone."""
+        alone = self._alone_since
+        if alone is None or not self._settings.statistics_live_s:
+            return []
+        return [key for key, read in self._kept.items() if key not in self._absorbed and read.begun < alone]
 
     def peek(self, key: Key) -> KeptRead | None:
         """`key`'s kept read as it stands, whatever its age (for inspection)."""
@@ -192,11 +206,18 @@ class KeptReads:
             self._forget_committed()
 
     def keep(
-        self, key: Key, read: KeptRead, ticket: ReadTicket, positions: Mapping[Partition, int] | None
+        self,
+        key: Key,
+        read: KeptRead,
+        ticket: ReadTicket,
+        positions: Mapping[Partition, int] | None,
+        *,
+        how: str = "read",
     ) -> None:
         """Keep `read` (begun with `ticket`; its snapshot's `positions`) for the plans after it: absorbing
-        when it may, else shared for `statistics_max_age_s` (if any)."""
-        self._count("read")
+        when it may, else shared for `statistics_max_age_s` (if any). `how` labels it in the metric: "read"
+        for a plan, "refreshed" ahead of one."""
+        self._count(how)
         through = self._held_by(ticket, positions)
         if through is not None or self._settings.statistics_max_age_s:
             self._drop(key)

@@ -55,8 +55,8 @@ class PlannerMetrics:
             "warmplane_planner_statistics_reads",
             "Statistics plans were chosen from, by how they were had: read from Postgres, shared (a kept read"
             " begun after the start's batch), absorbed (a kept read brought up to date with the planner's"
-            " own committed batches)",
-            ["how"],  # read, shared, absorbed
+            " own committed batches); and reads made again ahead of the plans they serve (refreshed)",
+            ["how"],  # read, shared, absorbed, refreshed
             registry=registry,
         )
         self.empty_plans = Counter(

@@ -18,6 +18,7 @@ payload renders them and their chain). Items name their tenant, prompt revision 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -160,6 +161,8 @@ class WarmSetChooser:
         """(model, tenant) → when its calibration was fitted, and the fit (`calibration_max_age_s`)."""
         self._choosing = asyncio.Lock()
         """One choice at a time: a kept trie absorbs batches in a worker thread while another would use it."""
+        self._refreshing: asyncio.Task[None] | None = None
+        """The reads being made again ahead of plans (`absorb_committed`), off the planning task."""
 
     def counting_alone(self, alone: bool) -> None:
         """Whether this planner counts every request of the traffic topics (`KeptReads.counting_alone`)."""
@@ -172,12 +175,36 @@ class WarmSetChooser:
 
     async def absorb_committed(self) -> None:
         """Kept reads absorb what was committed since they last did (`KeptReads.absorb_waiting`), between
-        choices; those near the end of their life are read again (`KeptReads.refresh_due`)."""
+        choices. Those due (`KeptReads.refresh_due`: near the end of their life, or begun before this
+        planner counted alone) are read again in a task of their own, one after another: the planning task
+        goes on, and a plan meanwhile takes the read being replaced, which is still current. Only the
+        keeping of each new read waits for the choice under way."""
         async with self._choosing:
             now = self._clock()
             await self._kept.absorb_waiting(now)
-            for model, tenant in self._kept.refresh_due(now):
-                await self._statistics(model, tenant, now, read_after=None, fresh=True)
+            due = self._kept.refresh_due(now)
+        if due and (self._refreshing is None or self._refreshing.done()):
+            self._refreshing = asyncio.create_task(self._read_again(due), name="planner-refresh")
+
+    async def refreshed(self) -> None:
+        """Return once the reads being made again (`absorb_committed`), if any, are kept."""
+        if self._refreshing is not None:
+            await asyncio.shield(self._refreshing)
+
+    async def close(self) -> None:
+        """Stop the reads being made again: the next plans read for themselves."""
+        task, self._refreshing = self._refreshing, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _read_again(self, keys: Sequence[tuple[str, str | None]]) -> None:
+        for key in keys:
+            try:
+                await self._read_and_keep(key, self._clock(), keep_under=self._choosing)
+            except Exception:  # the next plan of that model reads for itself
+                log.exception("could not read the counts of %s again ahead of its plans", key)
 
     async def choose(
         self,
@@ -269,20 +296,27 @@ class WarmSetChooser:
         return _ModelView(known, epochs, live)
 
     async def _statistics(
-        self, model: str, tenant: str | None, now: datetime, *, read_after: float | None, fresh: bool = False
+        self, model: str, tenant: str | None, now: datetime, *, read_after: float | None
     ) -> KeptRead:
         """The trie of `model`'s counts (of `tenant`'s scopes, if given) and what goes with it, read now,
         or with `read_after` one begun after it and at most `statistics_max_age_s` ago: replicas planned
         one after another share one read (building a trie of 50,000 prefixes takes about 0.7 s). A kept
         trie is decayed to `now` when asked; only counts younger than it are not in it, and those are
         younger than `read_after`; while this planner counts alone, a kept read absorbs its commits and
-        serves for `statistics_live_s` (`kept_reads.py`). Every read is kept for the next. The trie is
-        built in a worker thread: ingestion, on the event loop, goes on meanwhile. `fresh` reads whatever is
-        kept (a refresh)."""
+        serves for `statistics_live_s` (`kept_reads.py`). Every read is kept for the next."""
         key = (model, tenant)
-        kept = None if fresh else await self._kept.serving(key, now, read_after)
+        kept = await self._kept.serving(key, now, read_after)
         if kept is not None:
             return kept
+        return await self._read_and_keep(key, now)
+
+    async def _read_and_keep(
+        self, key: tuple[str, str | None], now: datetime, *, keep_under: asyncio.Lock | None = None
+    ) -> KeptRead:
+        """`key`'s counts read now and kept for the next plans, under `keep_under` if given (a read made
+        again, while another plan may be choosing). The trie is built in a worker thread: ingestion, on the
+        event loop, goes on meanwhile."""
+        model, tenant = key
         horizon = weight_horizon_s(self._settings.half_life_s, self._settings.frequency_half_life_s)
         since = now - min(timedelta(hours=self._settings.window_hours), timedelta(seconds=horizon))
         # Until the read is kept, batches committing meanwhile are held for it to absorb: those after its
@@ -301,7 +335,11 @@ class WarmSetChooser:
                     self._fitted.popitem(last=False)
             renderable = {p for p, scope in scope_of.items() if (scope, p) in stats.catalogued}
             read = KeptRead(now, ticket.begun, trie, scope_of, names, renderable, calibration)
-            self._kept.keep(key, read, ticket, stats.positions)
+            if keep_under is None:
+                self._kept.keep(key, read, ticket, stats.positions)
+            else:
+                async with keep_under:
+                    self._kept.keep(key, read, ticket, stats.positions, how="refreshed")
         return read
 
     def _fitted_within(self, key: tuple[str, str | None], now: datetime) -> ReuseCalibration | None:

@@ -102,8 +102,17 @@ class PlanIssuer:
         return self._chooser.counts_committed(batch, positions)
 
     async def absorb_committed(self) -> None:
-        """Kept reads absorb the counts committed since they last did (`WarmSetChooser.absorb_committed`)."""
+        """Kept reads absorb the counts committed since they last did, and those due are read again in the
+        background (`WarmSetChooser.absorb_committed`)."""
         await self._chooser.absorb_committed()
+
+    async def refreshed(self) -> None:
+        """Return once the reads being made again ahead of plans are kept (`WarmSetChooser.refreshed`)."""
+        await self._chooser.refreshed()
+
+    async def close(self) -> None:
+        """Stop the reads being made again ahead of plans (`WarmSetChooser.close`)."""
+        await self._chooser.close()
 
     def counting_alone(self, alone: bool) -> None:
         """Whether this planner's consumer owns every partition of the traffic topics

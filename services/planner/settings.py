@@ -137,8 +137,9 @@ class PlanSettings(BaseModel):
     """While this planner counts every request of the traffic topics (it owns all their partitions), a read
     of a model's counts absorbs the batches it commits afterwards (`core/absorbed_counts.py`) and serves
     every plan for this long, re-plans included: it holds what a read would, without the read and the trie
-    build that dominate a start's plan under load. In the last quarter of this it is read again while
-    planning is free: a plan waits for that read only if it comes while the read runs. 0 never absorbs."""
+    build that dominate a start's plan under load. In the last quarter of this it is read again beside the
+    planning task, and a plan meanwhile takes the read being replaced: no plan waits for it. 0 never
+    absorbs."""
     calibration_max_age_s: Annotated[float, Field(ge=0, le=3_600)] = 60.0
     """A model's map from score to observed reuse (`policy.fit_calibration`), fitted at a read of its
     counts, serves the reads within this long after it: it describes how the model's traffic reuses

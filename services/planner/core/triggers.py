@@ -11,7 +11,7 @@ and how two waiting triggers of one key merge into one (pure: no I/O, no clock).
 | `HeartbeatsHeard` | `replica.heartbeat` | one | each replica's newest beat |
 | `OutcomesReported` | `warm.finished` | one | the results of both |
 | `RequestsCounted` | request counts, for the cold-start alarm | one | summed per (model, bucket) |
-| `CountsToAbsorb` | request counts, while a kept read absorbs (`kept_reads.py`) | one | one stands |
+| `CountsToAbsorb` | request counts, a kept read absorbing or due (`kept_reads.py`) | one | one stands |
 
 A merge is safe because a trigger's handler reads what it plans from (counts, epochs, live replicas) when it
 runs, after every batch merged into it committed: the pass made for the first trigger of a key is the one the
@@ -175,8 +175,9 @@ class RequestsCounted:
 @dataclass(frozen=True, slots=True)
 class CountsToAbsorb:
     """Batches committed that kept reads have yet to absorb: absorbed while the planning task is free, a
-    start absorbs only what came after (`kept_reads.py`). Made by the writer's hook, which knows whether a
-    read absorbs; it says nothing of which batches (the handler takes all that wait)."""
+    start absorbs only what came after (`kept_reads.py`); kept reads due to be read again are then started
+    on that, beside the planning task. Made by the writer's hook, which knows whether a read absorbs or is
+    due; it says nothing of which batches (the handler takes all that wait)."""
 
     @property
     def key(self) -> Hashable:

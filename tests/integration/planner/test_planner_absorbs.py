@@ -79,6 +79,56 @@ async def test_a_start_after_new_traffic_is_planned_from_the_kept_read_as_a_read
         await pool.close()
 
 
+async def test_a_kept_read_is_made_again_before_it_ages_and_the_next_start_takes_it_as_it_absorbs(
+    planner_settings: PlannerSettings,
+) -> None:
+    """While requests keep coming, a kept read in the last quarter of its `statistics_live_s` is read again
+    beside the planning task: a start after the first read's life is planned from the new read, brought
+    up to date with what was counted after it, with no read of its own."""
+    live_s = 12.0
+    settings = planner_settings.model_copy(
+        update={
+            "routing": planner_settings.routing.model_copy(update={"mode": "spread"}),  # b plans every root
+            "plans": PlanSettings(
+                budget_tokens=800,
+                max_items=20,
+                min_expected_saved_tokens=0,
+                statistics_max_age_s=0,
+                statistics_live_s=live_s,
+            ),
+        }
+    )
+    kafka = settings.kafka
+    first = traffic()
+    await produce(kafka, first)
+    pool = await asyncpg.create_pool(settings.postgres.asyncpg_dsn(), min_size=1, max_size=2)
+    total = "SELECT coalesce(sum(requests), 0) FROM prefix_requests"
+    try:
+        async with running_planner(settings) as planner:
+            await poll_until(lambda: _equals(pool, total, len(first)), timeout_s=_TIMEOUT_S, what="traffic")
+            await _start(settings, "a")
+
+            async def refreshed() -> bool:
+                await produce(kafka, [request([1, 4])])  # batches keep committing: each one can refresh
+                return _reads(planner.metrics, "refreshed") >= 1
+
+            await poll_until(refreshed, timeout_s=_TIMEOUT_S + live_s, what="a read made again")
+            later = [request([60], payload=payload(60) if i == 0 else None) for i in range(30)]
+            await produce(kafka, later)
+            await poll_until(
+                lambda: _equals(pool, "SELECT coalesce(sum(requests), 0) FROM prefix_requests"
+                                " WHERE prefix_id = 60", 30),
+                timeout_s=_TIMEOUT_S,
+                what="the later root counted",
+            )  # fmt: skip
+            plan_b = await _start(settings, "b")
+            reads = {how: _reads(planner.metrics, how) for how in ("read", "absorbed")}
+        assert reads == {"read": 1, "absorbed": 1}, "b was planned from the read made again"
+        assert 60 in {item.prefix_id for item in plan_b.items}, "which absorbed what was counted after it"
+    finally:
+        await pool.close()
+
+
 async def _start(settings: PlannerSettings, replica: str) -> WarmPlanIssued:
     """Start `replica` and wait for its plan."""
     start = started(replica, f"node-{replica}")

@@ -23,11 +23,12 @@ from warmplane.services.planner.core.absorbed_counts import CommittedCounts, abs
 from warmplane.services.planner.core.ingest_batch import IngestBatch, RequestColumns, Scope, fold_events
 from warmplane.services.planner.kept_reads import KeptRead, KeptReads
 from warmplane.services.planner.metrics import PlannerMetrics
+from warmplane.services.planner.plans import PlanIssuer
 from warmplane.services.planner.policy import LeafCount, PrefixTrie, StoredPrefix, trie_from_counts
 from warmplane.services.planner.policy.calibration import PRIOR
 from warmplane.services.planner.settings import PlanSettings
 from warmplane.shared.event_ids import new_event_id
-from warmplane.shared.events import ModelRef, RequestObserved
+from warmplane.shared.events import ModelRef, RequestObserved, WarmPlanIssued
 from warmplane.shared.prefix_chain import Namespace, chain_from_segments
 
 BUCKET_S = 60
@@ -366,6 +367,12 @@ def test_kept_reads_hold_at_most_max_nodes_together_beside_the_newest() -> None:
     assert held == [("m", "globex")], "the newest stays, over the bound alone; the others go"
 
 
+async def absorbed_and_refreshed(run: PlanIssuer) -> None:
+    """What the planning task's `CountsToAbsorb` does, and then the reads it made again, kept."""
+    await run.absorb_committed()
+    await run.refreshed()
+
+
 def test_an_absorbing_read_near_the_end_of_its_life_is_read_again_while_planning_is_free() -> None:
     """A plan after an absorbing read's `statistics_live_s` would read; one refreshed in its last quarter
     (`kept_reads.REFRESH_AFTER`) between plans serves it instead."""
@@ -380,14 +387,96 @@ def test_an_absorbing_read_near_the_end_of_its_life_is_read_again_while_planning
     batch = hot_six()
     run.counts_committed(batch, commit(store, batch, 11))
     clock[0] = NOW + timedelta(seconds=44)  # not yet due: absorbing only
-    asyncio.run(run.absorb_committed())
+    asyncio.run(absorbed_and_refreshed(run))
     assert len(store.asked) == 1
     run.counts_committed(batch, commit(store, batch, 12))
     clock[0] = NOW + timedelta(seconds=46)
-    asyncio.run(run.absorb_committed())
+    asyncio.run(absorbed_and_refreshed(run))
     assert len(store.asked) == 2  # read again, between plans
     clock[0] = NOW + timedelta(seconds=70)  # past the first read's life, within the second's
     plan = asyncio.run(run.issue(started("b"), committed_at=time.monotonic()))
     assert len(store.asked) == 2
     assert metrics.registry.get_sample_value("warmplane_planner_statistics_reads_total", {"how": "absorbed"})
     assert plan is not None and 6 in {item.prefix_id for item in plan.items}
+
+
+def test_a_plan_while_a_read_is_made_again_takes_the_read_it_replaces_without_waiting() -> None:
+    """The read made again runs beside the planning task: a start that comes meanwhile is planned from the
+    absorbing read still kept, and the new read is kept once that plan is made."""
+    store = three_tenants()
+    store.positions = {TOPIC: 10}
+    clock = [NOW]
+    metrics = PlannerMetrics(CollectorRegistry())
+    run = issuer(store, Published(), metrics, clock, statistics_max_age_s=0, statistics_live_s=60)
+    run.counting_alone(True)
+    store.live = [live("a", "starting"), live("b", "starting")]
+    asyncio.run(run.issue(started("a")))
+    first = run._chooser._kept.peek((MODEL.name, None))
+    batch = hot_six()
+    run.counts_committed(batch, commit(store, batch, 11))
+    clock[0] = NOW + timedelta(seconds=50)
+
+    async def start_during_the_read() -> WarmPlanIssued | None:
+        names, reading, release = store.scope_names, asyncio.Event(), asyncio.Event()
+
+        async def held(scope_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+            reading.set()
+            await release.wait()
+            return await names(scope_ids)
+
+        store.scope_names = held  # type: ignore[method-assign]
+        await asyncio.wait_for(run.absorb_committed(), 5)  # returns with the read under way
+        await reading.wait()
+        plan = await asyncio.wait_for(run.issue(started("b"), committed_at=time.monotonic()), 5)
+        assert run._chooser._kept.peek((MODEL.name, None)) is first, "not replaced while it serves"
+        release.set()
+        await run.refreshed()
+        return plan
+
+    plan = asyncio.run(start_during_the_read())
+    assert plan is not None and 6 in {item.prefix_id for item in plan.items}, "the absorbed batch"
+    assert len(store.asked) == 2
+    again = run._chooser._kept.peek((MODEL.name, None))
+    assert again is not None and again is not first and again.read_at == clock[0]
+    reads = {
+        how: metrics.registry.get_sample_value("warmplane_planner_statistics_reads_total", {"how": how})
+        for how in ("read", "absorbed", "refreshed")
+    }
+    assert reads == {"read": 1, "absorbed": 1, "refreshed": 1}
+
+
+def test_a_read_begun_before_the_planner_counted_alone_is_made_again_once_batches_commit() -> None:
+    """A planner that just started reads for its first start before its requests consumer is assigned:
+    that read cannot absorb. Once the planner counts alone, the first committed batch has it read again,
+    once, and the next start takes the new read as it absorbs."""
+    store = three_tenants()
+    store.positions = {TOPIC: 10}
+    metrics = PlannerMetrics(CollectorRegistry())
+    run = issuer(store, Published(), metrics, statistics_max_age_s=10, statistics_live_s=60)
+    store.live = [live("a", "starting"), live("b", "starting")]
+    asyncio.run(run.issue(started("a")))  # kept to be shared, not absorbing
+    batch = hot_six()
+    assert not run.counts_committed(batch, commit(store, batch, 11)), "not counting alone: nothing to do"
+    run.counting_alone(True)
+    assert run.counts_committed(batch, commit(store, batch, 12)), "a read to make again"
+    asyncio.run(absorbed_and_refreshed(run))
+    assert len(store.asked) == 2
+    assert run.counts_committed(batch, commit(store, batch, 13)), "held: the new read absorbs"
+    asyncio.run(absorbed_and_refreshed(run))
+    assert len(store.asked) == 2, "made again once"
+    plan = asyncio.run(run.issue(started("b"), committed_at=time.monotonic()))
+    assert len(store.asked) == 2
+    assert plan is not None and 6 in {item.prefix_id for item in plan.items}
+
+
+def test_without_absorbing_no_read_is_made_again() -> None:
+    store = three_tenants()
+    store.positions = {TOPIC: 10}
+    run = issuer(store, Published(), PlannerMetrics(CollectorRegistry()), statistics_live_s=0)
+    store.live = [live("a", "starting")]
+    asyncio.run(run.issue(started("a")))
+    run.counting_alone(True)
+    batch = hot_six()
+    assert not run.counts_committed(batch, commit(store, batch, 11))
+    asyncio.run(absorbed_and_refreshed(run))
+    assert len(store.asked) == 1
