@@ -335,11 +335,9 @@ class WarmSetChooser:
                     self._fitted.popitem(last=False)
             renderable = {p for p, scope in scope_of.items() if (scope, p) in stats.catalogued}
             read = KeptRead(now, ticket.begun, trie, scope_of, names, renderable, calibration)
-            if keep_under is None:
-                self._kept.keep(key, read, ticket, stats.positions)
-            else:
-                async with keep_under:
-                    self._kept.keep(key, read, ticket, stats.positions, how="refreshed")
+            async with keep_under or contextlib.nullcontext():
+                how = "read" if keep_under is None else "refreshed"
+                self._kept.keep(key, read, ticket, stats.positions, how=how)
         return read
 
     def _fitted_within(self, key: tuple[str, str | None], now: datetime) -> ReuseCalibration | None:

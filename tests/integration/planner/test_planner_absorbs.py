@@ -30,21 +30,27 @@ def later_traffic() -> list[Event]:
     return events
 
 
-async def test_a_start_after_new_traffic_is_planned_from_the_kept_read_as_a_read_would_plan_it(
-    planner_settings: PlannerSettings,
-) -> None:
-    settings = planner_settings.model_copy(
+def absorbing(planner_settings: PlannerSettings, *, live_s: float) -> PlannerSettings:
+    """Plans of every root for each replica (a and b plan alike), no read shared (a plan without a read
+    absorbed), kept reads living `live_s`."""
+    return planner_settings.model_copy(
         update={
-            "routing": planner_settings.routing.model_copy(update={"mode": "spread"}),  # a and b plan alike
+            "routing": planner_settings.routing.model_copy(update={"mode": "spread"}),
             "plans": PlanSettings(
                 budget_tokens=800,
                 max_items=20,
                 min_expected_saved_tokens=0,
-                statistics_max_age_s=0,  # no read is shared: a plan without a read absorbed
-                statistics_live_s=60,
+                statistics_max_age_s=0,
+                statistics_live_s=live_s,
             ),
         }
     )
+
+
+async def test_a_start_after_new_traffic_is_planned_from_the_kept_read_as_a_read_would_plan_it(
+    planner_settings: PlannerSettings,
+) -> None:
+    settings = absorbing(planner_settings, live_s=60)
     kafka = settings.kafka
     first, later = traffic(), later_traffic()
     await produce(kafka, first)
@@ -86,18 +92,7 @@ async def test_a_kept_read_is_made_again_before_it_ages_and_the_next_start_takes
     beside the planning task: a start after the first read's life is planned from the new read, brought
     up to date with what was counted after it, with no read of its own."""
     live_s = 12.0
-    settings = planner_settings.model_copy(
-        update={
-            "routing": planner_settings.routing.model_copy(update={"mode": "spread"}),  # b plans every root
-            "plans": PlanSettings(
-                budget_tokens=800,
-                max_items=20,
-                min_expected_saved_tokens=0,
-                statistics_max_age_s=0,
-                statistics_live_s=live_s,
-            ),
-        }
-    )
+    settings = absorbing(planner_settings, live_s=live_s)
     kafka = settings.kafka
     first = traffic()
     await produce(kafka, first)

@@ -367,6 +367,21 @@ def test_kept_reads_hold_at_most_max_nodes_together_beside_the_newest() -> None:
     assert held == [("m", "globex")], "the newest stays, over the bound alone; the others go"
 
 
+def absorbing_since_a_start(clock: list[datetime]) -> tuple[MemoryPlans, PlannerMetrics, PlanIssuer]:
+    """A planner counting alone whose read for replica a's start at `clock[0]` absorbs; then a batch
+    committed (tenant-2's root 6 hot), not yet absorbed. b is starting too."""
+    store = three_tenants()
+    store.positions = {TOPIC: 10}
+    metrics = PlannerMetrics(CollectorRegistry())
+    run = issuer(store, Published(), metrics, clock, statistics_max_age_s=0, statistics_live_s=60)
+    run.counting_alone(True)
+    store.live = [live("a", "starting"), live("b", "starting")]
+    asyncio.run(run.issue(started("a")))
+    batch = hot_six()
+    run.counts_committed(batch, commit(store, batch, 11))
+    return store, metrics, run
+
+
 async def absorbed_and_refreshed(run: PlanIssuer) -> None:
     """What the planning task's `CountsToAbsorb` does, and then the reads it made again, kept."""
     await run.absorb_committed()
@@ -376,19 +391,12 @@ async def absorbed_and_refreshed(run: PlanIssuer) -> None:
 def test_an_absorbing_read_near_the_end_of_its_life_is_read_again_while_planning_is_free() -> None:
     """A plan after an absorbing read's `statistics_live_s` would read; one refreshed in its last quarter
     (`kept_reads.REFRESH_AFTER`) between plans serves it instead."""
-    store = three_tenants()
-    store.positions = {TOPIC: 10}
     clock = [NOW]
-    metrics = PlannerMetrics(CollectorRegistry())
-    run = issuer(store, Published(), metrics, clock, statistics_max_age_s=0, statistics_live_s=60)
-    run.counting_alone(True)
-    store.live = [live("a", "starting"), live("b", "starting")]
-    asyncio.run(run.issue(started("a")))
-    batch = hot_six()
-    run.counts_committed(batch, commit(store, batch, 11))
+    store, metrics, run = absorbing_since_a_start(clock)
     clock[0] = NOW + timedelta(seconds=44)  # not yet due: absorbing only
     asyncio.run(absorbed_and_refreshed(run))
     assert len(store.asked) == 1
+    batch = hot_six()
     run.counts_committed(batch, commit(store, batch, 12))
     clock[0] = NOW + timedelta(seconds=46)
     asyncio.run(absorbed_and_refreshed(run))
@@ -403,17 +411,9 @@ def test_an_absorbing_read_near_the_end_of_its_life_is_read_again_while_planning
 def test_a_plan_while_a_read_is_made_again_takes_the_read_it_replaces_without_waiting() -> None:
     """The read made again runs beside the planning task: a start that comes meanwhile is planned from the
     absorbing read still kept, and the new read is kept once that plan is made."""
-    store = three_tenants()
-    store.positions = {TOPIC: 10}
     clock = [NOW]
-    metrics = PlannerMetrics(CollectorRegistry())
-    run = issuer(store, Published(), metrics, clock, statistics_max_age_s=0, statistics_live_s=60)
-    run.counting_alone(True)
-    store.live = [live("a", "starting"), live("b", "starting")]
-    asyncio.run(run.issue(started("a")))
+    store, metrics, run = absorbing_since_a_start(clock)
     first = run._chooser._kept.peek((MODEL.name, None))
-    batch = hot_six()
-    run.counts_committed(batch, commit(store, batch, 11))
     clock[0] = NOW + timedelta(seconds=50)
 
     async def start_during_the_read() -> WarmPlanIssued | None:
